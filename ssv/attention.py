@@ -1,0 +1,113 @@
+"""Attention plans: metadata computed once per forward step and handed to every layer.
+
+Like FlashInfer's plan()/run(): the constructor (plan) computes visibility, groups and routing reuse
+once; `run(layer, q, cache, gates)` only attends. Model files never decide how attention is computed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ssv.cache import KVCache
+from ssv.config import NSAConfig
+from ssv.ops.dense.naive import dense_naive
+from ssv.ops.nsa.naive import check_visibility, nsa_naive
+
+PRECISIONS = ("strict", "approx")
+
+
+@dataclass
+class StepMeta:
+    """Which new tokens a step holds and what each of them sees (see ssv/ops/nsa/README.md)."""
+
+    prefix_len: int
+    positions: torch.Tensor   # [N]
+    tree_mask: torch.Tensor   # [N, N] bool
+
+    @classmethod
+    def chain(cls, prefix_len: int, n: int, device="cpu") -> "StepMeta":
+        pos = torch.arange(prefix_len, prefix_len + n, device=device)
+        mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        return cls(prefix_len, pos, mask)
+
+    @property
+    def n(self) -> int:
+        return int(self.positions.numel())
+
+
+class DensePlan:
+    def __init__(self, meta: StepMeta, check: bool = True):
+        if check:
+            check_visibility(meta.prefix_len, meta.positions.cpu(), meta.tree_mask.cpu())
+        self.meta = meta
+
+    def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
+        m = self.meta
+        return dense_naive(q, cache.k[layer], cache.v[layer], m.prefix_len, m.positions, m.tree_mask,
+                           check=False).to(q.dtype)
+
+
+@dataclass
+class VerifyOptions:
+    """How a verification step may share work between queries (the kernels' knobs).
+
+    group_size C: consecutive queries (in the tree's flattened order) that form one group.
+    precision: "strict" keeps each query's own selection; "approx" gives a group its first query's.
+    refresh: per layer, True = recompute routing, False = reuse the last refresh layer's selection
+             (None = refresh every layer). Layer 0 must refresh.
+    """
+
+    group_size: int = 1
+    precision: str = "strict"
+    refresh: Optional[tuple] = None
+
+    def __post_init__(self):
+        if self.group_size not in (1, 2, 4, 8, 16):
+            raise ValueError(f"group size must be one of 1, 2, 4, 8, 16, got {self.group_size}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.refresh is not None and (len(self.refresh) == 0 or not self.refresh[0]):
+            raise ValueError("refresh schedule must start with a refresh layer")
+
+
+class NSAPlan:
+    """NSA on the reference ops (the CPU path); records routing when asked."""
+
+    def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,
+                 record: Optional[list] = None):
+        check_visibility(meta.prefix_len, meta.positions.cpu(), meta.tree_mask.cpu())
+        self.meta, self.cfg, self.opts = meta, cfg, opts or VerifyOptions()
+        self.record = record
+        self._indices: Optional[torch.Tensor] = None  # routing of the last refresh layer
+        rep = torch.arange(meta.n) // self.opts.group_size * self.opts.group_size
+        self._rep = rep.to(meta.positions.device)      # each query's group representative
+
+    def _refresh(self, layer: int) -> bool:
+        r = self.opts.refresh
+        return True if r is None else bool(r[layer % len(r)]) or self._indices is None
+
+    def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
+        m = self.meta
+        kc = cache.k_cmp[layer] if _same_blocks(cache.nsa, self.cfg) else None
+        vc = cache.v_cmp[layer] if kc is not None else None
+        kw = dict(gates=gates, k_cmp=kc, v_cmp=vc)
+        reuse = None if self._refresh(layer) else self._indices
+        out = nsa_naive(q, cache.k[layer], cache.v[layer], m.prefix_len, m.positions, m.tree_mask, self.cfg,
+                        block_indices=reuse, **kw)
+        idx = out.block_indices
+        if reuse is None and self.opts.precision == "approx" and self.opts.group_size > 1:
+            idx = idx[self._rep]
+            out = nsa_naive(q, cache.k[layer], cache.v[layer], m.prefix_len, m.positions, m.tree_mask,
+                            self.cfg, block_indices=idx, **kw)
+        if reuse is None:
+            self._indices = idx
+        if self.record is not None:
+            self.record.append({"layer": layer, "prefix_len": m.prefix_len, "positions": m.positions.cpu(),
+                                "block_indices": idx.cpu()})
+        return out.o.to(q.dtype)
+
+
+def _same_blocks(a: Optional[NSAConfig], b: NSAConfig) -> bool:
+    return a is not None and (a.cmp_block, a.cmp_stride) == (b.cmp_block, b.cmp_stride)

@@ -1,0 +1,79 @@
+"""Static KV cache with incrementally maintained compressed K/V and a scratch area for draft trees.
+
+Slots [0, length) hold the committed sequence (slot = position). A step writes its N new tokens to
+slots [length, length + N): a prefill chunk or decode token is then committed in place; a draft tree
+lives there as scratch until one root-to-leaf path is compacted into [length, length + a) and the
+rest is simply overwritten later.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ssv.config import NSAConfig
+from ssv.ops.nsa.naive import num_cmp_blocks
+
+
+class KVCache:
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, scratch: int = 256,
+                 nsa: Optional[NSAConfig] = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        if max_len <= 0 or scratch < 0:
+            raise ValueError("KVCache: max_len must be positive and scratch non-negative")
+        self.max_len, self.scratch, self.nsa = max_len, scratch, nsa
+        shape = (n_layers, n_kv_heads, max_len + scratch, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        n_cmp = num_cmp_blocks(max_len, nsa) if nsa else 0
+        self.k_cmp = torch.zeros(n_layers, n_kv_heads, n_cmp, head_dim, dtype=dtype, device=device)
+        self.v_cmp = torch.zeros_like(self.k_cmp)
+        self.length = 0   # committed tokens
+        self.n_cmp = 0    # compressed blocks up to date
+
+    def reset(self) -> None:
+        self.length = self.n_cmp = 0
+
+    def check_room(self, n_new: int) -> None:
+        if self.length + n_new > self.max_len + self.scratch:
+            raise ValueError(f"KV cache full: {self.length} committed + {n_new} new tokens exceed "
+                             f"{self.max_len} + {self.scratch} scratch slots")
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        """Store a step's new keys/values [N, Hkv, D] at slots [length, length + N)."""
+        n = k_new.shape[0]
+        self.check_room(n)
+        self.k[layer, :, self.length:self.length + n] = k_new.transpose(0, 1).to(self.k.dtype)
+        self.v[layer, :, self.length:self.length + n] = v_new.transpose(0, 1).to(self.v.dtype)
+
+    def commit(self, n: int) -> None:
+        """Accept the step's first n new tokens in place (prefill chunk, decode token, chain prefix)."""
+        if self.length + n > self.max_len:
+            raise ValueError(f"context limit: {self.length} + {n} tokens exceed {self.max_len}")
+        self.length += n
+        self._update_compressed()
+
+    def commit_path(self, nodes: Sequence[int]) -> None:
+        """Compact the accepted tree nodes (scratch offsets, root first, in path order) and commit them."""
+        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=self.k.device)
+        if idx.numel() and bool((idx[1:] <= idx[:-1]).any()):
+            raise ValueError("commit_path: nodes must be strictly increasing (parents precede children)")
+        src = self.length + idx
+        dst = self.length + torch.arange(idx.numel(), device=idx.device)
+        # src >= dst elementwise and increasing, so copying in one gather never reads an overwritten slot
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+        self.commit(idx.numel())
+
+    def _update_compressed(self) -> None:
+        if self.nsa is None:
+            return
+        want = num_cmp_blocks(self.length, self.nsa)
+        if want <= self.n_cmp:
+            return
+        l, st = self.nsa.cmp_block, self.nsa.cmp_stride
+        lo, hi = self.n_cmp * st, (want - 1) * st + l
+        for src, dst in ((self.k, self.k_cmp), (self.v, self.v_cmp)):
+            win = src[:, :, lo:hi].float().unfold(2, l, st)                 # [Lyr, H, nb, D, l]
+            dst[:, :, self.n_cmp:want] = win.mean(-1).to(dst.dtype)
+        self.n_cmp = want

@@ -1,0 +1,173 @@
+"""`ssv` command line: generate, ppl (and bench / train-draft where installed)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+MODES = ("ar", "sd-naive", "ssv")
+
+
+def _die(msg: str) -> "None":
+    print(f"ssv: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_model(spec: str, device: str, dtype: str | None = None, progress: bool = True):
+    """Load a checkpoint into a Transformer on `device`. Returns (model, tokenizer)."""
+    import torch
+
+    from ssv.loaders import load_checkpoint
+    from ssv.model import Transformer
+    from ssv.model.layers import rope_inv_freq
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        dtype or ("bfloat16" if device == "cuda" else "float32")]
+    t0 = time.perf_counter()
+    ck = load_checkpoint(spec)
+    with torch.device("meta"):
+        model = Transformer(ck.config)
+    model = model.to_empty(device="cpu")
+    model.load_hf_state_dict(ck.state_dict)
+    model = model.to(device=device, dtype=dt).eval()
+    # the non-persistent RoPE buffer came from the meta device: rebuild it, in fp32 whatever the weights
+    model.inv_freq = rope_inv_freq(ck.config.head_dim, ck.config.rope).to(device)
+    if progress:
+        print(f"loaded {ck.source} in {time.perf_counter() - t0:.1f}s ({dt}, {device})", file=sys.stderr)
+    return model, ck.tokenizer
+
+
+def _prompt_ids(args, tok) -> list:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise ValueError("give either --prompt or --prompt-file, not both")
+    if args.prompt_file is not None:
+        if not os.path.isfile(args.prompt_file):
+            raise FileNotFoundError(f"prompt file not found: {args.prompt_file}")
+        with open(args.prompt_file, encoding="utf-8") as f:
+            text = f.read()
+    elif args.prompt is not None:
+        text = args.prompt
+    else:
+        raise ValueError("no prompt: give --prompt TEXT or --prompt-file F")
+    if not text.strip():
+        raise ValueError("empty prompt")
+    if tok is None:
+        raise ValueError("this checkpoint has no tokenizer; ssv needs tokenizer.json beside it")
+    if args.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return tok.encode(text)
+
+
+def cmd_generate(args) -> int:
+    from ssv.engine.generate import generate_ar
+    from ssv.engine.runner import Runner
+    from ssv.spec.accept import SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
+    ids = _prompt_ids(args, tok)
+    record = [] if args.record_routing else None
+    runner = Runner(model, attention=args.attention, record=record)
+    if args.mode == "ar":
+        res = generate_ar(runner, ids, params, args.max_new_tokens, seed=args.seed, stop_ids=tok.eos_ids,
+                          progress=not args.json)
+    else:
+        from ssv.engine.spec_cli import generate_spec  # speculative modes
+        res = generate_spec(args, runner, model, tok, ids, params)
+    gen = [t for t in res.token_ids if t not in tok.eos_ids]
+    text = tok.decode(gen)
+    if record is not None:
+        _save_routing(args.record_routing, record, args)
+    if args.json:
+        print(json.dumps({"token_ids": res.token_ids, "text": text, "mode": args.mode,
+                          "attention": args.attention, "stats": res.stats}))
+    else:
+        print(text)
+        s = res.stats
+        print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
+              f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds]", file=sys.stderr)
+    return 0
+
+
+def _save_routing(path, record, args) -> None:
+    import torch
+    torch.save({"model": args.model, "records": record}, path)
+
+
+def cmd_ppl(args) -> int:
+    from ssv.engine.generate import perplexity
+    from ssv.engine.runner import Runner
+
+    if not os.path.isfile(args.file):
+        raise FileNotFoundError(f"text file not found: {args.file}")
+    if args.context < 2:
+        raise ValueError(f"--context must be >= 2, got {args.context}")
+    model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
+    with open(args.file, encoding="utf-8", errors="replace") as f:
+        ids = tok.encode(f.read())
+    if len(ids) < args.context:
+        raise ValueError(f"{args.file} has {len(ids)} tokens, fewer than --context {args.context}")
+    ids = ids[: args.context]
+    nsa = None
+    if args.gating:
+        from dataclasses import replace
+
+        from ssv.config import NSAConfig
+        nsa = replace(model.cfg.nsa or NSAConfig(), gating=args.gating)
+    runner = Runner(model, attention=args.attention, nsa=nsa)
+    score_from = args.score_from if args.score_from is not None else args.context // 2
+    res = perplexity(runner, ids, score_from, progress=not args.json)
+    res.update({"attention": args.attention, "file": os.path.basename(args.file)})
+    if args.attention == "nsa":
+        res["gating"] = runner.nsa.gating
+    print(json.dumps(res) if args.json else f"perplexity {res['perplexity']:.4f} over {res['tokens']} tokens")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ssv", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text")
+    g.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct GGUF) or a path")
+    g.add_argument("--attention", choices=("nsa", "dense"), default="nsa")
+    g.add_argument("--mode", choices=MODES, default="ar")
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-file")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    g.add_argument("--record-routing", metavar="FILE", help="save every layer's selected blocks (NSA)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_generate)
+
+    q = sub.add_parser("ppl", help="perplexity on a text file")
+    q.add_argument("--model", default="default")
+    q.add_argument("--attention", choices=("nsa", "dense"), default="nsa")
+    q.add_argument("--gating", choices=("union", "union_cmp"), help="training-free NSA gating rule")
+    q.add_argument("--file", required=True)
+    q.add_argument("--context", type=int, default=4096)
+    q.add_argument("--score-from", type=int, help="score tokens from this position on (default context/2)")
+    q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    q.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_ppl)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        _die(str(e))

@@ -1,0 +1,172 @@
+"""Eagle3Drafter: the EAGLE-3 head at inference, with its own windowed KV cache and tree scratch.
+
+Alignment (EAGLE): draft row r holds the pair (target feature at position r, token at r + 1), sits at
+RoPE position r and predicts the token at r + 2. `commit` appends rows; the last committed row is the
+tree ROOT (node 0 of DraftTree, whose token is the root token); a tree node at depth d >= 1 is a
+row at position P + d (P = last committed row) holding (feature of its parent's row, its own token),
+where the parent's feature is the midlayer output (before `norm`) -- for depth 1 the output of the
+last committed row. Each node row attends to the committed rows inside the window plus the rows of
+its own ancestors (and itself) in the scratch area: never to a sibling branch. This is the attention
+pattern of training-time test, where unrolled step k of row t sees the real rows <= t plus its own
+chain t+1..t+k.
+
+Committed keys live in a ring buffer of `window` slots (slot = position % window), which is all a
+windowed query can see; the KV cache is O(window) whatever the context length.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention
+from ssv.spec.tree import DraftTree, TreeSpec, build_tree
+
+
+class Eagle3Drafter:
+    def __init__(self, head: Eagle3Head, target, chunk: int = 512):
+        """head: an Eagle3Head (moved to the target's device and dtype); target: ssv Transformer."""
+        cfg = head.cfg
+        check_compatible(cfg, target.cfg)
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.head = head.to(device=self.device, dtype=self.dtype).eval()
+        self.embed = target.embed_tokens
+        self.cfg = cfg
+        ids = cfg.layer_ids(target.cfg.n_layers)
+        self.taps = tuple(sorted(ids))            # what to ask Transformer.forward for (ascending)
+        self._order = [self.taps.index(i) for i in ids]  # tapped (ascending) -> fc column order
+        self.window = cfg.window
+        self.chunk = max(1, min(chunk, self.window))
+        shape = (self.window, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+        self.slot_pos = torch.full((self.window,), -1, dtype=torch.long, device=self.device)
+        self.reset()
+
+    def reset(self) -> None:
+        self.length = 0
+        self.slot_pos.fill_(-1)
+        self.last_hidden: Optional[torch.Tensor] = None
+        self.last_logp: Optional[torch.Tensor] = None
+
+    # ------------------------------------------------------------------ committed rows
+    def _features(self, taps: Sequence[torch.Tensor], n: int) -> torch.Tensor:
+        if len(taps) != 3:
+            raise ValueError(f"commit: expected 3 tapped hidden states (layers {list(self.taps)}), got {len(taps)}")
+        for t in taps:
+            if t.dim() != 2 or t.shape != (n, self.cfg.target_hidden_size):
+                raise ValueError(f"commit: each tapped hidden state must be [{n}, {self.cfg.target_hidden_size}], "
+                                 f"got {tuple(t.shape)}")
+        feats = torch.cat([taps[o] for o in self._order], -1)
+        return self.head.project(feats.to(device=self.device, dtype=self.dtype))
+
+    @torch.no_grad()
+    def commit(self, taps: Sequence[torch.Tensor], next_tokens, start: Optional[int] = None) -> torch.Tensor:
+        """Append n rows (features at positions p0..p0+n-1 with the tokens at p0+1..p0+n).
+
+        taps: 3 tensors [n, target_hidden] in ascending layer order (as Transformer.forward returns
+        them for `taps=drafter.taps`). start: optional check that p0 equals the committed length.
+        Returns the draft log-probs [vocab] (target vocabulary, -inf off the draft vocabulary) of
+        the token after the last one, i.e. of the children of the next tree root.
+        """
+        toks = torch.as_tensor(next_tokens, dtype=torch.long, device=self.device).flatten()
+        n = toks.numel()
+        if n == 0:
+            raise ValueError("commit: no tokens")
+        if start is not None and start != self.length:
+            raise ValueError(f"commit: rows start at position {start} but the drafter holds {self.length}")
+        hidden = self._features(taps, n)
+        emb = self.embed(toks).to(self.dtype)
+        mid, W = self.head.midlayer, self.window
+        out = None
+        for c0 in range(0, n, self.chunk):
+            c1 = min(n, c0 + self.chunk)
+            pos = torch.arange(self.length + c0, self.length + c1, device=self.device)
+            cos, sin = self.head.rope(pos)
+            q, k, v = mid.qkv(emb[c0:c1], hidden[c0:c1], cos, sin)
+            kpos = torch.cat([self.slot_pos, pos])
+            vis = (kpos[None] >= 0) & (kpos[None] <= pos[:, None]) & (kpos[None] > pos[:, None] - W)
+            a = masked_attention(q, torch.cat([self.k, k]), torch.cat([self.v, v]), vis)
+            out = mid.finish(a, hidden[c0:c1])
+            slots = pos % W
+            self.k[slots], self.v[slots], self.slot_pos[slots] = k, v, pos
+        self.length += n
+        self.last_hidden = out[-1]
+        self.last_logp = self.head.target_logp(out[-1:])[0]
+        return self.last_logp
+
+    # ------------------------------------------------------------------ draft tree
+    @torch.no_grad()
+    def propose(self, root_token: int, root_logp: Optional[torch.Tensor], spec: TreeSpec,
+                record: Optional[dict] = None) -> DraftTree:
+        """Grow a draft tree (build_tree) rooted at `root_token`, the token of the last committed row.
+
+        root_logp: log-probs of the root's children (commit's return value; None = the last one).
+        record: optional dict filled with {tuple of node tokens from depth 1: log-probs [vocab] (CPU)}
+        for every expanded node (tests, debugging). Nothing committed is modified.
+        """
+        if self.length == 0 or self.last_hidden is None:
+            raise ValueError("propose: commit the context first")
+        root_logp = self.last_logp if root_logp is None else root_logp
+        P, W, mid, c = self.length - 1, self.window, self.head.midlayer, self.cfg
+        cap = max(1, (spec.depth - 1) * spec.top_k)
+        sk = torch.zeros(cap, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device)
+        sv = torch.zeros_like(sk)
+        slot_of: dict = {}      # pool node -> scratch slot
+        hid = []                # scratch slot -> output feature
+        paths: dict = {0: []}   # pool node -> scratch slots of its depth>=1 path (itself last)
+        ring_vis_base = self.slot_pos >= 0
+
+        def expand(frontier, tree: DraftTree) -> torch.Tensor:
+            if list(frontier) == [0]:
+                return root_logp.view(1, -1)
+            parents, tokens, depth = tree.parents.tolist(), tree.tokens.tolist(), tree.depth.tolist()
+            used = len(hid)
+            rows = list(range(used, used + len(frontier)))
+            for u, s in zip(frontier, rows):
+                slot_of[u] = s
+                paths[u] = paths[parents[u]] + [s]
+            feat = torch.stack([self.last_hidden if parents[u] == 0 else hid[slot_of[parents[u]]]
+                                for u in frontier])
+            dep = torch.tensor([depth[u] for u in frontier], device=self.device)
+            pos = P + dep
+            cos, sin = self.head.rope(pos)
+            tok = torch.tensor([tokens[u] for u in frontier], dtype=torch.long, device=self.device)
+            q, k, v = mid.qkv(self.embed(tok).to(self.dtype), feat, cos, sin)
+            sk[rows[0]:rows[-1] + 1], sv[rows[0]:rows[-1] + 1] = k, v
+            n_scr = rows[-1] + 1
+            scr = torch.zeros(len(frontier), n_scr, dtype=torch.bool)
+            for r, u in enumerate(frontier):
+                for j, s in enumerate(paths[u]):   # ancestor at depth j+1 (position P+j+1)
+                    scr[r, s] = depth[u] - (j + 1) < W
+            vis = torch.cat([ring_vis_base[None] & (self.slot_pos[None] > pos[:, None] - W),
+                             scr.to(self.device)], 1)
+            a = masked_attention(q, torch.cat([self.k, sk[:n_scr]]), torch.cat([self.v, sv[:n_scr]]), vis)
+            out = mid.finish(a, feat)
+            hid.extend(out.unbind(0))
+            lp = self.head.target_logp(out)
+            if record is not None:
+                for r, u in enumerate(frontier):
+                    key = tuple(tokens[a_] for a_ in _path_nodes(parents, u))
+                    record[key] = lp[r].float().cpu()
+            return lp
+
+        if record is not None:
+            record[()] = root_logp.float().cpu()
+        return build_tree(expand, int(root_token), spec.depth, spec.top_k, spec.total_tokens)
+
+
+def _path_nodes(parents: list, u: int) -> list:
+    out = []
+    while u > 0:
+        out.append(u)
+        u = parents[u]
+    return out[::-1]
+
+
+def join_prefill_taps(chunks: Sequence[Sequence[torch.Tensor]]) -> list:
+    """Runner.prefill returns taps per chunk ([[t0, t1, t2], ...]); concatenate them per layer."""
+    if not chunks:
+        raise ValueError("no tapped chunks")
+    return [torch.cat([c[i] for c in chunks], 0) for i in range(len(chunks[0]))]

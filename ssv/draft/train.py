@@ -1,0 +1,173 @@
+"""`ssv train-draft`: train an EAGLE-3 head for a target by self-distillation.
+
+Stages, all cached in --run-dir so a run stopped by --time-budget resumes where it stopped when the
+same command is run again (exit status 75 = stopped early, run again; 0 = finished):
+  1. prompts (data.py; hash split)       -> prompts_train.jsonl, eval_prompts.jsonl
+  2. the target's answers (gen.py)       -> data/{eval,train}_*.pt
+  3. the draft vocabulary (vocab.py)     -> vocab.pt (the --draft-vocab most frequent answer tokens)
+  4. TTT training (ttt.py), the target recomputing tapped features + logits online for each batch
+                                         -> state.pt (every --save-every steps and at the budget),
+                                            metrics.jsonl, curves.png (when matplotlib is importable)
+  5. --export DIR                        -> DIR/config.json + DIR/model.safetensors (+ eval_prompts.jsonl)
+
+Draft vocabulary: the head must stay under 25 MB. With hidden 576 the head without lm_head is
+5.09M parameters (10.2 MB in bf16); lm_head adds 576 * draft_vocab parameters, so 8192 tokens
+give 19.7 MB in bf16 (12288: 24.5 MB, too close; the full 49152 would be 67 MB). 8192 is the default.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_RESUME = 75  # EX_TEMPFAIL: stopped by --time-budget, run the same command again
+SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens=160, gen_batch=4,
+             sources="topics", seq_len=256, ttt_steps=2, epochs=100, max_steps=4, batch_tokens=512,
+             save_every=2, eval_every=0, warmup=1, log_every=1)
+# parameters that change the data or the head: a resumed run must keep them
+RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
+            "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt")
+
+
+def add_train_draft_parser(subparsers):
+    p = subparsers.add_parser("train-draft", help="train an EAGLE-3 draft head (self-distillation)",
+                              description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--model", default="default", help="target checkpoint ('default' = SmolLM2-135M-Instruct)")
+    a("--run-dir", required=True, help="run directory (data cache, state.pt, metrics); resumed when it exists")
+    a("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    a("--smoke", action="store_true", help="tiny CPU-sized run (a few prompts, 32-token answers, 4 steps)")
+    a("--export", metavar="DIR", help="write the trained head (config.json + model.safetensors) to DIR")
+    a("--export-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    a("--time-budget", type=float, default=0, metavar="SECONDS", help="stop (and save) after this long")
+    g = p.add_argument_group("data")
+    g.add_argument("--num-prompts", type=int, default=16000, help="training prompts (at most all available)")
+    g.add_argument("--eval-prompts", type=int, default=256)
+    g.add_argument("--sources", default="topics,docs,code", help="comma list of topics, docs, code")
+    g.add_argument("--max-prompt-tokens", type=int, default=1024)
+    g.add_argument("--max-new-tokens", type=int, default=384)
+    g.add_argument("--sample-frac", type=float, default=0.5, help="fraction of prompts answered by sampling")
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--gen-batch", type=int, default=256)
+    g.add_argument("--teacher-backend", default="hf", choices=("hf", "ssv"))
+    g.add_argument("--teacher-attention", default="dense", choices=("dense", "nsa"), help="for --teacher-backend ssv")
+    g.add_argument("--loss-on-prompt", action="store_true", help="also distil on prompt tokens")
+    h = p.add_argument_group("head and training")
+    h.add_argument("--draft-vocab", type=int, default=8192)
+    h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
+    h.add_argument("--seq-len", type=int, default=2048)
+    h.add_argument("--ttt-steps", type=int, default=3)
+    h.add_argument("--step-weight", type=float, default=0.8)
+    h.add_argument("--epochs", type=int, default=4)
+    h.add_argument("--max-steps", type=int, default=0, help="cap on optimizer steps (0 = epochs decide)")
+    h.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
+    h.add_argument("--lr", type=float, default=3e-4)
+    h.add_argument("--warmup", type=int, default=100)
+    h.add_argument("--weight-decay", type=float, default=0.0)
+    h.add_argument("--grad-clip", type=float, default=0.5)
+    h.add_argument("--no-init-from-target", action="store_true", help="random lm_head/norm instead of the target's")
+    h.add_argument("--save-every", type=int, default=200)
+    h.add_argument("--eval-every", type=int, default=500)
+    h.add_argument("--log-every", type=int, default=10)
+    h.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_draft)
+    return p
+
+
+def _log(run: Path, msg: str) -> None:
+    print(f"[train-draft] {msg}", file=sys.stderr, flush=True)
+    with open(run / "log.txt", "a", encoding="utf-8") as f:
+        f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + msg + "\n")
+
+
+def _check_run(run: Path, args) -> None:
+    path, mine = run / "run.json", {k: getattr(args, k) for k in RUN_KEYS}
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in mine.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{run} was started with different settings {diff} (old, new); "
+                             f"use another --run-dir or the original settings")
+    else:
+        path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def cmd_train_draft(args) -> int:
+    import torch
+
+    t0 = time.time()
+    if args.smoke:
+        for k, v in SMOKE.items():
+            setattr(args, k, v)
+    deadline = t0 + args.time_budget if args.time_budget and args.time_budget > 0 else None
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    for name in ("num_prompts", "seq_len", "ttt_steps", "draft_vocab", "window", "batch_tokens", "gen_batch",
+                 "max_new_tokens", "max_prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    run = Path(args.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    _check_run(run, args)
+    torch.manual_seed(args.seed)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    from ssv.draft import data, gen
+    from ssv.draft.eagle3 import Eagle3Config
+    from ssv.draft.teacher import Teacher
+    from ssv.loaders import load_checkpoint
+
+    ck = load_checkpoint(args.model)
+    if ck.tokenizer is None:
+        raise ValueError("the target has no tokenizer; training needs one to build chat prompts")
+    if args.draft_vocab > ck.config.vocab_size:
+        _log(run, f"--draft-vocab {args.draft_vocab} > target vocab: using {ck.config.vocab_size}")
+        args.draft_vocab = ck.config.vocab_size
+    hcfg = Eagle3Config.for_target(ck.config, args.draft_vocab, window=args.window,
+                                   max_position_embeddings=args.seq_len)
+    tdtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    teacher = Teacher(ck.config, ck.state_dict, hcfg.layer_ids(ck.config.n_layers), args.device, tdtype,
+                      backend=args.teacher_backend, attention=args.teacher_attention)
+    _log(run, f"target {ck.source} on {args.device} ({tdtype}); taps {list(hcfg.layer_ids(ck.config.n_layers))}")
+
+    # 1-2. prompts and the target's answers
+    sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    if not (run / "eval_prompts.jsonl").exists():
+        data.write_prompts(run / "prompts_train.jsonl", data.train_prompts(args.num_prompts, sources))
+        data.write_prompts(run / "eval_prompts.jsonl", data.eval_prompts(args.eval_prompts, sources))
+    gkw = dict(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
+               batch=args.gen_batch, sample_frac=args.sample_frac, temperature=args.temperature, top_p=args.top_p,
+               seed=args.seed, deadline=deadline, log=lambda m: _log(run, m))
+    for split, name in (("eval", "eval_prompts.jsonl"), ("train", "prompts_train.jsonl")):
+        if not gen.generate_split(run / "data", split, data.read_prompts(run / name), teacher, ck.tokenizer, **gkw):
+            _log(run, f"stopped by --time-budget; run the same command again to resume (exit {EXIT_RESUME})")
+            return EXIT_RESUME
+    from ssv.draft.loop import train_loop
+
+    return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m))
+
+
+def main(argv=None) -> int:
+    """`python -m ssv.draft.train ...` (the same options as `ssv train-draft`)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ssv.draft.train")
+    sub = p.add_subparsers(dest="cmd")
+    add_train_draft_parser(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv if argv[:1] == ["train-draft"] else ["train-draft"] + argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"ssv train-draft: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

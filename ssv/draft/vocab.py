@@ -1,0 +1,68 @@
+"""The draft vocabulary: the most frequent target tokens, and the d2t / t2d maps of EAGLE-3.
+
+d2t [draft_vocab] int64 holds OFFSETS: target_id = draft_id + d2t[draft_id] (EAGLE's
+`used_tokens[i] - i`, SGLang's `hot_token_id = d2t + arange`); t2d [vocab] bool marks the target ids
+that are in the draft vocabulary. Draft ids are assigned in increasing target-id order, as EAGLE does.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def mapping_from_ids(target_ids: torch.Tensor, vocab_size: int, draft_vocab_size: int):
+    """(d2t, t2d) for a draft vocabulary made of the distinct `target_ids` (any order)."""
+    ids = torch.as_tensor(target_ids, dtype=torch.long).flatten().cpu()
+    if ids.numel() != draft_vocab_size:
+        raise ValueError(f"draft vocabulary has {ids.numel()} ids, the head expects {draft_vocab_size}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size})")
+    ids = torch.sort(ids).values
+    if ids.numel() > 1 and bool((ids[1:] == ids[:-1]).any()):
+        raise ValueError("draft vocabulary ids must be distinct")
+    d2t = ids - torch.arange(ids.numel())
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return d2t, t2d
+
+
+def check_mapping(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, where: str = "head") -> None:
+    """Raise ValueError unless d2t maps draft ids to distinct target ids and t2d marks exactly those."""
+    if d2t.dtype.is_floating_point or t2d.shape != (vocab_size,):
+        raise ValueError(f"{where}: d2t must be integer and t2d of shape [{vocab_size}]")
+    tgt = torch.arange(d2t.numel()) + d2t.long().cpu()
+    if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= vocab_size):
+        raise ValueError(f"{where}: d2t maps draft ids outside the target vocabulary [0, {vocab_size})")
+    if torch.unique(tgt).numel() != tgt.numel():
+        raise ValueError(f"{where}: d2t maps two draft ids to the same target id")
+    expect = torch.zeros(vocab_size, dtype=torch.bool)
+    expect[tgt] = True
+    if not torch.equal(expect, t2d.bool().cpu()):
+        raise ValueError(f"{where}: t2d does not mark exactly the target ids that d2t maps to")
+
+
+def count_tokens(sequences: Iterable, vocab_size: int) -> torch.Tensor:
+    """LongTensor [vocab] of token counts over `sequences` (iterables of ids)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        t = torch.as_tensor(seq, dtype=torch.long).flatten()
+        if t.numel():
+            counts += torch.bincount(t, minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def top_tokens(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The n most frequent ids (ties, zero counts included: lower id first), sorted by id."""
+    counts = torch.as_tensor(counts, dtype=torch.long)
+    if not 0 < n <= counts.numel():
+        raise ValueError(f"draft vocabulary size must be in [1, {counts.numel()}], got {n}")
+    # stable sort on -count keeps the id order among equal counts
+    order = torch.sort(-counts, stable=True).indices[:n]
+    return torch.sort(order).values
+
+
+def coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
+    """Fraction of the counted tokens that the draft vocabulary `ids` covers."""
+    total = int(counts.sum())
+    return float(counts[ids].sum()) / total if total else 1.0

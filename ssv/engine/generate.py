@@ -1,0 +1,104 @@
+"""Autoregressive decoding and perplexity over a Runner."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ssv.attention import StepMeta
+from ssv.engine.runner import Runner
+from ssv.spec.accept import SamplingParams, sample_from, target_probs
+
+
+@dataclass
+class GenResult:
+    token_ids: list
+    stats: dict = field(default_factory=dict)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
+    """Greedy at temperature 0 (ties: lowest id), else inverse-CDF sampling of the processed target."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    coin = float(torch.rand((), generator=gen))
+    return sample_from(target_probs(logits[None].float().cpu(), params)[0], coin)
+
+
+def check_budget(runner: Runner, n_prompt: int, max_new_tokens: int) -> None:
+    if n_prompt == 0:
+        raise ValueError("empty prompt: give at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if n_prompt >= runner.context_limit:
+        raise ValueError(f"prompt of {n_prompt} tokens leaves no room in the context limit of "
+                         f"{runner.context_limit} tokens")
+
+
+def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
+                seed: int = 0, stop_ids=(), progress: bool = False) -> GenResult:
+    """Plain autoregressive decoding: the 1.00x baseline and the ground truth for speculative modes."""
+    check_budget(runner, len(prompt_ids), max_new_tokens)
+    gen = torch.Generator().manual_seed(seed)
+    runner.reset()
+    _sync(runner.device)
+    t0 = time.perf_counter()
+    logits, _ = runner.prefill(prompt_ids, progress=progress)
+    out = [pick_token(logits, params, gen)]
+    _sync(runner.device)
+    t1 = time.perf_counter()
+    rounds, stop = 0, "length"
+    while True:
+        if out[-1] in stop_ids:
+            stop = "eos"
+            break
+        if len(out) >= max_new_tokens:
+            break
+        if runner.length + 1 > runner.context_limit - 1:
+            stop = "context"
+            break
+        meta = StepMeta.chain(runner.length, 1)
+        logits, _ = runner.forward(torch.tensor([out[-1]]), meta)
+        runner.cache.commit(1)
+        rounds += 1
+        out.append(pick_token(logits[-1], params, gen))
+    _sync(runner.device)
+    t2 = time.perf_counter()
+    dec = t2 - t1
+    stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
+             "decode_seconds": dec, "rounds": rounds,
+             "tokens_per_second": (len(out) - 1) / dec if dec > 0 and len(out) > 1 else 0.0,
+             "mean_accepted_length": 1.0, "stop": stop}
+    return GenResult(out, stats)
+
+
+@torch.no_grad()
+def perplexity(runner: Runner, ids: list, score_from: int, chunk: int = 256, progress: bool = False) -> dict:
+    """exp(mean NLL) of tokens at positions >= score_from, each predicted from everything before it."""
+    if len(ids) < 2:
+        raise ValueError("perplexity needs at least 2 tokens")
+    if len(ids) > runner.context_limit:
+        raise ValueError(f"{len(ids)} tokens exceed the context limit of {runner.context_limit}")
+    if not 1 <= score_from < len(ids):
+        raise ValueError(f"score_from must be in [1, {len(ids) - 1}], got {score_from}")
+    from tqdm import tqdm
+    runner.reset()
+    nll, count = 0.0, 0
+    t = torch.tensor(ids, dtype=torch.long)
+    for c0 in tqdm(range(0, len(ids) - 1, chunk), desc="ppl", disable=not progress, leave=False):
+        part = t[c0:min(len(ids) - 1, c0 + chunk)]
+        logits, _ = runner.forward(part, StepMeta.chain(runner.length, part.numel()))
+        runner.cache.commit(part.numel())
+        tgt_pos = torch.arange(c0 + 1, c0 + 1 + part.numel())
+        keep = tgt_pos >= score_from
+        if keep.any():
+            lp = torch.log_softmax(logits.float().cpu(), -1)[keep]
+            nll -= float(lp.gather(1, t[tgt_pos[keep]][:, None]).sum())
+            count += int(keep.sum())
+    return {"perplexity": math.exp(nll / count), "tokens": count, "context": len(ids), "score_from": score_from}

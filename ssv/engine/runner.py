@@ -1,0 +1,82 @@
+"""A model, its cache and its attention choice; prefill and one-step forwards over plans."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ssv.attention import DensePlan, NSAPlan, StepMeta, VerifyOptions
+from ssv.config import NSAConfig
+from ssv.model.llama import Transformer
+
+ATTENTIONS = ("dense", "nsa")
+
+
+@dataclass
+class Runner:
+    model: Transformer
+    attention: str = "nsa"
+    nsa: Optional[NSAConfig] = None   # None: the checkpoint's own, else the training-free default
+    max_len: Optional[int] = None
+    scratch: int = 256
+    record: Optional[list] = None     # routing records (ssv generate --record-routing)
+
+    def __post_init__(self):
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.nsa is None:
+            self.nsa = self.model.cfg.nsa or NSAConfig()
+        if self.model.cfg.nsa is not None and self.model.cfg.nsa.gating == "gated" and self.nsa.gating != "gated":
+            raise ValueError("this checkpoint was trained with gated NSA; its gating cannot be changed")
+        ml = self.max_len or self.model.cfg.max_seq_len
+        self.cache = self.model.new_cache(ml, self.scratch, self.nsa if self.attention == "nsa" else None)
+
+    @property
+    def device(self):
+        return self.cache.k.device
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    @property
+    def context_limit(self) -> int:
+        return self.cache.max_len
+
+    def plan(self, meta: StepMeta, opts: Optional[VerifyOptions] = None):
+        if self.attention == "dense":
+            return DensePlan(meta)
+        return NSAPlan(meta, self.nsa, opts, self.record)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, meta: StepMeta, opts: Optional[VerifyOptions] = None,
+                logits_rows=None, taps=()):
+        """Run the step's new tokens (written to the cache scratch; nothing is committed)."""
+        self.cache.check_room(meta.n)
+        return self.model(tokens.to(self.device), meta.positions.to(self.device), self.plan(meta, opts),
+                          self.cache, logits_rows=logits_rows, taps=taps)
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int], chunk: int = 256, progress: bool = False, taps=()):
+        """Commit the prompt chunk by chunk; returns the last position's logits [V] (and taps per chunk)."""
+        if len(ids) == 0:
+            raise ValueError("empty prompt: give at least one token")
+        if self.length + len(ids) > self.context_limit:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
+                             f"{self.context_limit} tokens ({self.length} already used)")
+        from tqdm import tqdm
+        bar = tqdm(total=len(ids), desc="prefill", unit="tok", disable=not progress, leave=False)
+        tapped, logits = [], None
+        for c0 in range(0, len(ids), chunk):
+            part = torch.tensor(ids[c0:c0 + chunk], dtype=torch.long)
+            meta = StepMeta.chain(self.length, part.numel())
+            logits, t = self.forward(part, meta, logits_rows=torch.tensor([part.numel() - 1]), taps=taps)
+            tapped.append(t)
+            self.cache.commit(part.numel())
+            bar.update(part.numel())
+        bar.close()
+        return logits[-1], tapped
+
+    def reset(self) -> None:
+        self.cache.reset()

@@ -1,0 +1,3 @@
+from ssv.model.llama import Transformer
+
+__all__ = ["Transformer"]

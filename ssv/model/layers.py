@@ -1,0 +1,100 @@
+"""Llama-family building blocks: RMSNorm, RoPE, SwiGLU MLP, and attention that defers to a plan."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ssv.config import ModelConfig, RopeConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.scaling == "linear":
+        inv = inv / rope.factor
+    elif rope.scaling == "llama3":
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, a smooth ramp between
+        low_wl = rope.original_max_position / rope.low_freq_factor
+        high_wl = rope.original_max_position / rope.high_freq_factor
+        wl = 2 * math.pi / inv
+        smooth = (rope.original_max_position / wl - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor)
+        scaled = torch.where(wl > low_wl, inv / rope.factor, inv)
+        mid = (wl <= low_wl) & (wl >= high_wl)
+        inv = torch.where(mid, (1 - smooth) * inv / rope.factor + smooth * inv, scaled)
+    return inv
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
+    freqs = positions.float()[:, None] * inv_freq[None, :].to(positions.device)
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D] with rotate_half (GPT-NeoX) pairing."""
+    x1, x2 = x.chunk(2, -1)
+    rot = torch.cat([-x2, x1], -1)
+    return (x.float() * cos[:, None] + rot.float() * sin[:, None]).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        h, hk, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, hk * d, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, hk * d, bias=cfg.attn_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        gated = cfg.nsa is not None and cfg.nsa.gating == "gated"
+        self.g_proj = nn.Linear(cfg.hidden_size, h * 3, bias=False) if gated else None
+
+    def forward(self, x, cos, sin, plan, cache):
+        n = x.shape[0]
+        c = self.cfg
+        q = apply_rope(self.q_proj(x).view(n, c.n_heads, c.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, c.n_kv_heads, c.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, c.n_kv_heads, c.head_dim)
+        cache.write(self.layer, k, v)
+        gates = torch.sigmoid(self.g_proj(x).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
+        o = plan.run(self.layer, q, cache, gates)
+        return self.o_proj(o.reshape(n, -1).to(x.dtype))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, plan, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,72 @@
+"""The decoder: assembles layers; how attention is computed is the plan's business."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ssv.cache import KVCache
+from ssv.config import ModelConfig
+from ssv.model.layers import Block, RMSNorm, rope_cos_sin, rope_inv_freq
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope), persistent=False)
+
+    # Hugging Face names: model.embed_tokens, model.layers.N..., model.norm, lm_head
+    def load_hf_state_dict(self, sd: dict) -> None:
+        own = {}
+        for name, t in sd.items():
+            if name == "lm_head.weight":
+                if self.lm_head is None:
+                    raise ValueError("checkpoint has lm_head.weight but the config ties embeddings")
+                own["lm_head.weight"] = t
+            elif name.startswith("model."):
+                own[name[len("model."):]] = t
+            else:
+                raise ValueError(f"unexpected tensor {name!r} in checkpoint")
+        expected = {k: v.shape for k, v in self.state_dict().items()}
+        missing = sorted(set(expected) - set(own))
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        extra = sorted(set(own) - set(expected))
+        if extra:
+            raise ValueError(f"checkpoint has unexpected tensors: {extra[:8]}")
+        for k, t in own.items():
+            if tuple(t.shape) != tuple(expected[k]):
+                raise ValueError(f"tensor {k}: checkpoint shape {tuple(t.shape)} != model shape {tuple(expected[k])}")
+        self.load_state_dict(own, strict=True)
+
+    def new_cache(self, max_len: Optional[int] = None, scratch: int = 256, nsa=None) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim,
+                       max_len or self.cfg.max_seq_len, scratch, nsa, p.dtype, p.device)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (self.norm(h) @ w.T).float()
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
+                logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):
+        """tokens/positions [N] of the step's new tokens. Returns (logits [R, V] fp32, tapped hidden states).
+
+        logits_rows selects the rows to project (None: all); taps lists layer indices whose outputs
+        (hidden states after that layer, before the final norm) are returned, EAGLE-3 style.
+        """
+        x = self.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        tapped = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, plan, cache)
+            if i in taps:
+                tapped.append(x)
+        h = x if logits_rows is None else x[logits_rows]
+        return self.head(h), tapped

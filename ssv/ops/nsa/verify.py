@@ -1,0 +1,228 @@
+"""Overlap-aware grouped NSA verification (the SSV kernel), selected + window + tree branches in one launch.
+
+One program per (group of C consecutive queries, KV head, row split). Its rows are the group's
+queries times the GQA group's query heads, so every K/V tile it loads serves all of them:
+  A. selected blocks below the group's window region, walked as the sorted union of the group's
+     selections (each block loaded once; a row only attends to its own query's blocks);
+  B. the window region [lo, P), in selection-block-aligned tiles, shared by the whole group;
+  C. the new (tree) tokens [P, P+N), visible through each query's ancestor mask.
+C = 1 is the naive per-query decode-style kernel used as the baseline. Approximate mode gives every
+query its group representative's (first query's) selection. See README.md for the math.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+BIG = 1 << 30
+
+
+@triton.jit
+def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
+    # one flash-attention step on base-2 scores; rows with nothing visible keep (−inf, 0, 0)
+    b_s = tl.where(m_s, b_s, float("-inf"))
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_p = tl.exp2(b_s - b_ms[:, None])
+    b_alpha = tl.exp2(b_m - b_ms)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
+    return b_mn, b_l, b_acc
+
+
+@triton.jit
+def _finish(b_m, b_l, b_acc):
+    b_o = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
+    b_lse = tl.where(b_l > 0, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
+    return b_o, b_lse
+
+
+@triton.jit
+def nsa_verify_fwd_kernel(
+    q, k, v, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b,
+    N, P, W, scale,
+    s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
+    G: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr,
+    GATED: tl.constexpr, APPROX: tl.constexpr,
+):
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = i_s * BM + tl.arange(0, BM)
+    o_qi = i_g * C + o_r // G
+    m_r = (o_r < C * G) & (o_qi < N)
+    o_hq = i_h * G + o_r % G
+    o_d = tl.arange(0, D)
+    o_qi64 = o_qi.to(tl.int64)
+    # [BM, D]; the softmax scale and log2(e) are folded into q once
+    b_q = tl.load(q + o_qi64[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
+    b_pos = tl.load(pos + o_qi, mask=m_r, other=0)
+    # selection lists [BM, NSELP]; approximate mode reads the representative's
+    o_sq = o_qi64 * 0 + i_g * C if APPROX else o_qi64
+    o_k = tl.arange(0, NSELP)
+    b_lst = tl.load(blk + o_sq[:, None] * s_bn + i_h * s_bh + o_k[None, :],
+                    mask=m_r[:, None] & (o_k[None, :] < NSEL), other=-1)
+    b_lst = tl.where(b_lst < 0, 1 << 30, b_lst)
+
+    b_m1 = tl.full([BM], float("-inf"), tl.float32)
+    b_l1 = tl.zeros([BM], tl.float32)
+    b_a1 = tl.zeros([BM, D], tl.float32)
+    if GATED:
+        b_m2 = tl.full([BM], float("-inf"), tl.float32)
+        b_l2 = tl.zeros([BM], tl.float32)
+        b_a2 = tl.zeros([BM, D], tl.float32)
+
+    # window region shared by the group, aligned down to a selection block
+    minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
+    lo = tl.maximum(minpos - W + 1, 0)
+    lo_a = (lo // BS) * BS
+    o_t0 = tl.arange(0, BS)
+    kbase = k + i_h * s_kh
+    vbase = v + i_h * s_kh
+
+    # A: union of the group's selected blocks that lie wholly before the window region
+    cur = tl.min(b_lst)
+    while cur * BS < lo_a:
+        member = tl.sum((b_lst == cur).to(tl.int32), 1) > 0
+        o_t = cur * BS + o_t0
+        m_t = o_t < P
+        p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
+        b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+        b_m1, b_l1, b_a1 = _online(b_s, member[:, None] & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+        cur = tl.min(tl.where(b_lst > cur, b_lst, 1 << 30))
+
+    # B: the window region of the committed prefix, one block-aligned tile at a time
+    t0 = lo_a
+    while t0 < P:
+        o_t = t0 + o_t0
+        m_t = o_t < P
+        p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
+        b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+        member = tl.sum((b_lst == t0 // BS).to(tl.int32), 1) > 0
+        in_win = o_t[None, :] > (b_pos[:, None] - W)
+        if GATED:
+            b_m1, b_l1, b_a1 = _online(b_s, member[:, None] & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+            b_m2, b_l2, b_a2 = _online(b_s, in_win & m_t[None, :], b_v, b_m2, b_l2, b_a2)
+        else:
+            b_m1, b_l1, b_a1 = _online(b_s, (in_win | member[:, None]) & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+        t0 += BS
+
+    # C: the step's new tokens, seen only along each query's own path
+    n0 = 0
+    while n0 < N:
+        o_n = n0 + tl.arange(0, BT)
+        m_n = o_n < N
+        b_pn = tl.load(pos + o_n, mask=m_n, other=0)
+        p_t = (P + o_n).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        b_k = tl.load(kbase + p_t, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(vbase + p_t, mask=m_n[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+        anc = tl.load(tmask + o_qi64[:, None] * s_tn + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0) != 0
+        blk_n = b_pn // BS
+        member = tl.zeros([BM, BT], tl.int1)
+        for kk in tl.static_range(NSEL):
+            col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
+            member = member | (col[:, None] == blk_n[None, :])
+        in_win = b_pn[None, :] > (b_pos[:, None] - W)
+        if GATED:
+            b_m1, b_l1, b_a1 = _online(b_s, anc & member, b_v, b_m1, b_l1, b_a1)
+            b_m2, b_l2, b_a2 = _online(b_s, anc & in_win, b_v, b_m2, b_l2, b_a2)
+        else:
+            b_m1, b_l1, b_a1 = _online(b_s, anc & (in_win | member), b_v, b_m1, b_l1, b_a1)
+        n0 += BT
+
+    # o, o_cmp [N, Hq, D], lse_* [N, Hq], gates [N, Hq, 3]: contiguous
+    p_o = (o_qi64 * HQ + o_hq)[:, None] * D + o_d[None, :]
+    p_l = o_qi64 * HQ + o_hq
+    b_o1, b_lse1 = _finish(b_m1, b_l1, b_a1)
+    if GATED:
+        b_o2, b_lse2 = _finish(b_m2, b_l2, b_a2)
+        b_oc = tl.load(o_cmp + p_o, mask=m_r[:, None], other=0.0)
+        b_gc = tl.load(gates + p_l * 3 + 0, mask=m_r, other=0.0)
+        b_gs = tl.load(gates + p_l * 3 + 1, mask=m_r, other=0.0)
+        b_gw = tl.load(gates + p_l * 3 + 2, mask=m_r, other=0.0)
+        b_out = b_gc[:, None] * b_oc + b_gs[:, None] * b_o1 + b_gw[:, None] * b_o2
+        tl.store(lse_b + p_l, b_lse2, mask=m_r)
+    else:
+        b_out = b_o1
+    tl.store(o + p_o, b_out.to(o.dtype.element_ty), mask=m_r[:, None])
+    tl.store(lse_a + p_l, b_lse1, mask=m_r)
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(int(x)))
+
+
+def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, positions: torch.Tensor,
+               tree_mask: torch.Tensor, block_indices: torch.Tensor, slc_block: int, window: int,
+               group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
+               o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+               out: Optional[torch.Tensor] = None, max_rows: int = 128):
+    """Selected + window attention of N queries (see module docstring).
+
+    q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
+    [N, Hkv, n] ascending, -1 padded; gates [N, Hq, 3] and o_cmp [N, Hq, D] for gated NSA (None:
+    union gating). Returns (o [N, Hq, D] in q's dtype, lse_a [N, Hq], lse_b [N, Hq]): for union
+    gating lse_a is the log-sum-exp over selected ∪ window; for gated, lse_a / lse_b are the
+    selected / window branches'.
+    """
+    q = q.contiguous()
+    n, hq, d = q.shape
+    hkv = k.shape[0]
+    check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices)
+    g = hq // hkv
+    gated = gates is not None
+    if gated and (o_cmp is None or gates.shape != (n, hq, 3) or o_cmp.shape != (n, hq, d)):
+        raise ValueError("gated NSA needs gates [N, Hq, 3] and o_cmp [N, Hq, D]")
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.empty_like(q) if out is None else out
+    lse_a = torch.empty(n, hq, device=q.device, dtype=torch.float32)
+    lse_b = torch.empty_like(lse_a)
+    if n == 0:
+        return out, lse_a, lse_b
+    rows = group_size * g
+    bm = min(_pow2(rows), _pow2(max_rows))
+    nsel = block_indices.shape[-1]
+    tm = tree_mask.to(torch.uint8).contiguous()
+    bi = block_indices.to(torch.int32).contiguous()
+    pos = positions.to(torch.int32).contiguous()
+    gt = gates.float().contiguous() if gated else lse_a
+    oc = o_cmp.float().contiguous() if gated else lse_a
+    grid = (triton.cdiv(n, group_size), hkv, triton.cdiv(rows, bm))
+    nsa_verify_fwd_kernel[grid](
+        q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b,
+        n, int(prefix_len), int(window), float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
+        G=g, C=group_size, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=_pow2(nsel, 1),
+        BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), num_warps=4 if bm * d <= 8192 else 8,
+    )
+    return out, lse_a, lse_b
+
+
+def check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices) -> None:
+    """Raise a clear error for shapes the kernels do not support."""
+    if hq % hkv or not 1 <= hq // hkv <= 16:
+        raise ValueError(f"GQA group size must be 1..16 (Hq={hq}, Hkv={hkv})")
+    if d not in (16, 32, 64, 128):
+        raise ValueError(f"head dim {d} not supported (16, 32, 64, 128)")
+    if slc_block < 16 or slc_block & (slc_block - 1):
+        raise ValueError(f"selection block {slc_block} must be a power of two >= 16")
+    if group_size not in (1, 2, 4, 8, 16):
+        raise ValueError(f"group size C must be one of 1, 2, 4, 8, 16, got {group_size}")
+    if not 0 <= n <= 128:
+        raise ValueError(f"1..128 verification queries are supported, got {n}")
+    if k.shape != v.shape or k.shape[0] != hkv or k.shape[2] != d or prefix_len + n > k.shape[1]:
+        raise ValueError(f"cache {tuple(k.shape)} does not hold prefix {prefix_len} + {n} tokens")
+    if k.stride(2) != 1 or v.stride() != k.stride():
+        raise ValueError("k and v must share strides with a contiguous last dimension")
+    if block_indices.shape[:2] != (n, hkv):
+        raise ValueError(f"block_indices must be [N={n}, Hkv={hkv}, n], got {tuple(block_indices.shape)}")
