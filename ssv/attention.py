@@ -109,5 +109,48 @@ class NSAPlan:
         return out.o.to(q.dtype)
 
 
+class TritonNSAPlan:
+    """NSA on the Triton kernels: routing at refresh layers, one grouped verify launch per layer.
+
+    Plan (once per step): path-specific compression weights and the tree mask. Run (per layer): at a
+    refresh layer, path blocks + routing; then the SSV kernel over the group's union of blocks.
+    """
+
+    def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,
+                 record: Optional[list] = None):
+        from ssv.ops.nsa.route import path_block_weights
+        if cfg.gating == "union_cmp":
+            raise ValueError("the Triton kernels implement gatings 'union' and 'gated', not 'union_cmp'")
+        self.meta, self.cfg, self.opts, self.record = meta, cfg, opts or VerifyOptions(), record
+        self.w, self.s0, self.n_path = path_block_weights(meta.prefix_len, meta.positions, meta.tree_mask, cfg)
+        self.tmask = meta.tree_mask.to(torch.uint8).contiguous()
+        self._indices: Optional[torch.Tensor] = None
+
+    def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
+        from ssv.ops.nsa.naive import num_cmp_blocks
+        from ssv.ops.nsa.route import nsa_route, path_blocks
+        from ssv.ops.nsa.verify import nsa_verify
+        m, cfg, opts = self.meta, self.cfg, self.opts
+        k, v = cache.k[layer], cache.v[layer]
+        gated = cfg.gating == "gated"
+        refresh = opts.refresh is None or bool(opts.refresh[layer % len(opts.refresh)]) or self._indices is None
+        o_cmp = None
+        if refresh or gated:
+            if not _same_blocks(cache.nsa, cfg) or cache.k_cmp.shape[2] == 0:
+                raise ValueError("the cache keeps no compressed blocks for this NSA configuration")
+            kp, vp = path_blocks(self.w, self.s0, k, v, m.prefix_len, m.n)
+            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer],
+                                         num_cmp_blocks(m.prefix_len, cfg), kp, vp, self.n_path, m.positions,
+                                         cfg, want_o=gated)
+            if refresh:
+                self._indices = idx
+                if self.record is not None:
+                    self.record.append({"layer": layer, "prefix_len": m.prefix_len,
+                                        "positions": m.positions.cpu(), "block_indices": idx.cpu()})
+        o, _, _ = nsa_verify(q, k, v, m.prefix_len, m.positions, self.tmask, self._indices, cfg.slc_block,
+                             cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp)
+        return o
+
+
 def _same_blocks(a: Optional[NSAConfig], b: NSAConfig) -> bool:
     return a is not None and (a.cmp_block, a.cmp_stride) == (b.cmp_block, b.cmp_stride)

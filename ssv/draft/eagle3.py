@@ -173,7 +173,7 @@ class Eagle3Config:
                  "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
                  "vocab_size", "draft_vocab_size", "target_hidden_size", "tie_word_embeddings",
-                 "torch_dtype", "ssv_draft_window"}
+                 "torch_dtype", "ssv_draft_window", "eagle_aux_hidden_state_layer_ids"}
         return cls(
             hidden_size=hidden,
             intermediate_size=int(d["intermediate_size"]),

@@ -1,7 +1,7 @@
 """Self-distillation data: the target answers the prompts; sequences are cached as shards in the run dir.
 
-A shard `data/<split>_<i>.pt` holds one generation batch: {"ids": [[prompt + answer]], "prompt_len":
-[...], "prompt_id": [...]}. Shards are written atomically and skipped when present, so an interrupted
+A shard `data/<split>_<i>.pt` holds one generation batch: {"tokens": the prompt + answer sequences
+concatenated (uint16), "lengths", "prompt_len", "prompt_id", "sampled"}. Shards are written atomically and skipped when present, so an interrupted
 generation resumes where it stopped; `data/<split>.done` marks a complete split.
 """
 from __future__ import annotations
@@ -59,7 +59,8 @@ def generate_split(data_dir: Path, split: str, prompts: Sequence[dict], teacher,
         answers = teacher.generate([ids[i] for i in idx], max_new_tokens, eos, sample=do_sample,
                                    temperature=temperature, top_p=top_p, seed=seed * 100003 + b)
         seqs = [(ids[i] + a)[:seq_len] for i, a in zip(idx, answers)]
-        _save_atomic({"ids": seqs, "prompt_len": [min(len(ids[i]), seq_len) for i in idx],
+        _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),
+                      "prompt_len": [min(len(ids[i]), seq_len) for i in idx],
                       "prompt_id": [prompts[i]["id"] for i in idx], "sampled": do_sample}, path)
         bar.update(1)
     bar.close()
@@ -74,9 +75,16 @@ def load_split(data_dir: Path, split: str) -> List[dict]:
     out = []
     for path in sorted(data_dir.glob(f"{split}_*.pt")):
         shard = torch.load(path, weights_only=True)
-        for seq, pl in zip(shard["ids"], shard["prompt_len"]):
-            out.append({"ids": torch.tensor(seq, dtype=torch.long), "prompt_len": int(pl)})
+        seqs = shard["tokens"].to(torch.long).split(shard["lengths"].tolist())
+        for seq, pl in zip(seqs, shard["prompt_len"]):
+            out.append({"ids": seq, "prompt_len": int(pl)})
     return out
+
+
+def _pack(seqs: List[List[int]]) -> torch.Tensor:
+    """All sequences in one flat tensor (uint16 when the ids fit: the data cache stays small)."""
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+    return flat.to(torch.uint16 if flat.numel() == 0 or int(flat.max()) < 65536 else torch.int32)
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int) -> List[List[int]]:

@@ -155,7 +155,8 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     if state_path.exists():
         st = torch.load(state_path, weights_only=False, map_location=dev)
         head.load_state_dict(st["head"]), opt.load_state_dict(st["opt"]), sched.load_state_dict(st["sched"])
-        step, epoch, cursor, done = st["step"], st["epoch"], st["cursor"], st.get("done", False)
+        step, epoch, cursor = st["step"], st["epoch"], st["cursor"]
+        done = step >= total and (run / "final_eval.json").exists()
         _set_rng_state(st["rng"])
         log(f"resumed at step {step} (epoch {epoch}, batch {cursor})")
 

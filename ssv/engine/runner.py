@@ -6,11 +6,12 @@ from typing import Optional
 
 import torch
 
-from ssv.attention import DensePlan, NSAPlan, StepMeta, VerifyOptions
+from ssv.attention import DensePlan, NSAPlan, StepMeta, TritonNSAPlan, VerifyOptions
 from ssv.config import NSAConfig
 from ssv.model.llama import Transformer
 
 ATTENTIONS = ("dense", "nsa")
+BACKENDS = ("auto", "reference", "triton")
 
 
 @dataclass
@@ -21,10 +22,13 @@ class Runner:
     max_len: Optional[int] = None
     scratch: int = 256
     record: Optional[list] = None     # routing records (ssv generate --record-routing)
+    backend: str = "auto"             # NSA ops: Triton kernels on CUDA, the reference elsewhere
 
     def __post_init__(self):
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.nsa is None:
             self.nsa = self.model.cfg.nsa or NSAConfig()
         if self.model.cfg.nsa is not None and self.model.cfg.nsa.gating == "gated" and self.nsa.gating != "gated":
@@ -44,9 +48,17 @@ class Runner:
     def context_limit(self) -> int:
         return self.cache.max_len
 
+    @property
+    def uses_kernels(self) -> bool:
+        if self.attention != "nsa" or self.backend == "reference":
+            return False
+        return self.backend == "triton" or self.device.type == "cuda"
+
     def plan(self, meta: StepMeta, opts: Optional[VerifyOptions] = None):
         if self.attention == "dense":
             return DensePlan(meta)
+        if self.uses_kernels:
+            return TritonNSAPlan(meta, self.nsa, opts, self.record)
         return NSAPlan(meta, self.nsa, opts, self.record)
 
     @torch.no_grad()
@@ -54,11 +66,12 @@ class Runner:
                 logits_rows=None, taps=()):
         """Run the step's new tokens (written to the cache scratch; nothing is committed)."""
         self.cache.check_room(meta.n)
-        return self.model(tokens.to(self.device), meta.positions.to(self.device), self.plan(meta, opts),
+        meta = StepMeta(meta.prefix_len, meta.positions.to(self.device), meta.tree_mask.to(self.device))
+        return self.model(tokens.to(self.device), meta.positions, self.plan(meta, opts),
                           self.cache, logits_rows=logits_rows, taps=taps)
 
     @torch.no_grad()
-    def prefill(self, ids: list[int], chunk: int = 256, progress: bool = False, taps=()):
+    def prefill(self, ids: list[int], chunk: Optional[int] = None, progress: bool = False, taps=()):
         """Commit the prompt chunk by chunk; returns the last position's logits [V] (and taps per chunk)."""
         if len(ids) == 0:
             raise ValueError("empty prompt: give at least one token")
@@ -66,6 +79,7 @@ class Runner:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
                              f"{self.context_limit} tokens ({self.length} already used)")
         from tqdm import tqdm
+        chunk = chunk or (128 if self.uses_kernels else 256)  # the kernels take at most 128 new tokens
         bar = tqdm(total=len(ids), desc="prefill", unit="tok", disable=not progress, leave=False)
         tapped, logits = [], None
         for c0 in range(0, len(ids), chunk):

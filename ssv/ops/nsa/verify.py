@@ -86,8 +86,9 @@ def nsa_verify_fwd_kernel(
     vbase = v + i_h * s_kh
 
     # A: union of the group's selected blocks that lie wholly before the window region
+    lim = lo_a // BS
     cur = tl.min(b_lst)
-    while cur * BS < lo_a:
+    while cur < lim:
         member = tl.sum((b_lst == cur).to(tl.int32), 1) > 0
         o_t = cur * BS + o_t0
         m_t = o_t < P
@@ -99,8 +100,7 @@ def nsa_verify_fwd_kernel(
         cur = tl.min(tl.where(b_lst > cur, b_lst, 1 << 30))
 
     # B: the window region of the committed prefix, one block-aligned tile at a time
-    t0 = lo_a
-    while t0 < P:
+    for t0 in range(lo_a, P, BS):
         o_t = t0 + o_t0
         m_t = o_t < P
         p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
@@ -114,11 +114,9 @@ def nsa_verify_fwd_kernel(
             b_m2, b_l2, b_a2 = _online(b_s, in_win & m_t[None, :], b_v, b_m2, b_l2, b_a2)
         else:
             b_m1, b_l1, b_a1 = _online(b_s, (in_win | member[:, None]) & m_t[None, :], b_v, b_m1, b_l1, b_a1)
-        t0 += BS
 
     # C: the step's new tokens, seen only along each query's own path
-    n0 = 0
-    while n0 < N:
+    for n0 in range(0, N, BT):
         o_n = n0 + tl.arange(0, BT)
         m_n = o_n < N
         b_pn = tl.load(pos + o_n, mask=m_n, other=0)
@@ -138,7 +136,6 @@ def nsa_verify_fwd_kernel(
             b_m2, b_l2, b_a2 = _online(b_s, anc & in_win, b_v, b_m2, b_l2, b_a2)
         else:
             b_m1, b_l1, b_a1 = _online(b_s, anc & (in_win | member), b_v, b_m1, b_l1, b_a1)
-        n0 += BT
 
     # o, o_cmp [N, Hq, D], lse_* [N, Hq], gates [N, Hq, 3]: contiguous
     p_o = (o_qi64 * HQ + o_hq)[:, None] * D + o_d[None, :]

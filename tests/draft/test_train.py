@@ -1,0 +1,114 @@
+import json
+
+import pytest
+import torch
+
+from ssv.draft import data, gen, load_eagle3
+from ssv.draft.eagle3 import Eagle3Config
+from ssv.draft.loop import init_head
+from ssv.draft.teacher import Teacher
+from ssv.draft.ttt import ttt_forward
+from ssv.loaders import LoadedCheckpoint
+
+from .helpers import tiny_target
+
+
+def _sd(model):
+    return {"model." + k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_hf_teacher_equals_ssv_target():
+    target = tiny_target()
+    hf = Teacher(target.cfg, _sd(target), (1, 2, 4))
+    ref = Teacher(target.cfg, _sd(target), (1, 2, 4), backend="ssv")
+    ids = torch.randint(3, 80, (2, 12))
+    lengths = torch.tensor([12, 7])
+    (f1, l1), (f2, l2) = hf.forward(ids, lengths), ref.forward(ids, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(f1[b, :n], f2[b, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(l1[b, :n], l2[b, :n], rtol=1e-4, atol=1e-4)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    assert hf.generate(prompts, 6, (2,)) == ref.generate(prompts, 6, (2,))
+
+
+def test_training_decreases_loss():
+    target = tiny_target(vocab=60)
+    teacher = Teacher(target.cfg, _sd(target), (1, 2, 4))
+    torch.manual_seed(0)
+    seqs = [{"ids": torch.randint(3, 60, (n,)), "prompt_len": 4} for n in (24, 20, 17, 22)]
+    ids, lengths, valid = gen.collate(seqs)
+    assert int(valid.sum()) == sum(n - 4 for n in (24, 20, 17, 22))
+    feats, logits = teacher.forward(ids, lengths)
+    cfg = Eagle3Config.for_target(target.cfg, 40, window=8)
+    head = init_head(cfg, torch.arange(40), _sd(target), True)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        r = ttt_forward(head, teacher.embed_weight, feats, ids, logits, valid, steps=2)
+        opt.zero_grad()
+        r["loss"].backward()
+        opt.step()
+        losses.append(r["losses"])
+    # soft CE is bounded below by the teacher's entropy: compare the excess (= KL) over it
+    from ssv.draft.ttt import _shift, teacher_targets
+    probs, _, mask = teacher_targets(head, logits, valid)
+    ent = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    floor = [float((_shift(ent, k + 1) * _shift(mask, k + 1, False)).sum() / _shift(mask, k + 1, False).sum())
+             for k in range(2)]
+    for k in range(2):
+        assert losses[-1][k] - floor[k] < 0.5 * (losses[0][k] - floor[k]), (k, losses[0], losses[-1], floor)
+
+
+def test_collate_and_batches():
+    seqs = [{"ids": torch.arange(5), "prompt_len": 3}, {"ids": torch.arange(3), "prompt_len": 1}]
+    ids, lengths, valid = gen.collate(seqs)
+    assert ids.shape == (2, 5) and lengths.tolist() == [5, 3]
+    # teacher position p counts when token p+1 is an answer token
+    assert valid.tolist() == [[False, False, True, True, False], [True, True, False, False, False]]
+    b = gen.make_batches([10, 3, 7, 3, 9], batch_tokens=20, seed=0, epoch=0)
+    assert sorted(i for x in b for i in x) == [0, 1, 2, 3, 4]
+    assert all(len(x) * max([10, 3, 7, 3, 9][i] for i in x) <= 20 for x in b)
+    assert b == gen.make_batches([10, 3, 7, 3, 9], 20, 0, 0)
+
+
+def test_prompt_split_is_clean_and_deterministic(tmp_path):
+    tr, ev = data.train_prompts(sources=("topics",)), data.eval_prompts(sources=("topics",))
+    assert tr and ev
+    assert not {p["split_key"] for p in tr} & {p["split_key"] for p in ev}
+    assert [p["id"] for p in tr] == [p["id"] for p in data.train_prompts(sources=("topics",))]
+    data.write_prompts(tmp_path / "e.jsonl", ev[:3])
+    assert data.eval_prompts(path=tmp_path / "e.jsonl") == ev[:3]
+
+
+class _CharTok:
+    """Stand-in tokenizer: one id per character."""
+    eos_ids = (2,)
+
+    def encode_chat(self, messages, add_generation_prompt=True):
+        return [1] + [3 + ord(c) % 70 for c in messages[-1]["content"]] + [2, 1]
+
+
+def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
+    import ssv.loaders
+    from ssv.draft.train import EXIT_RESUME, main
+
+    target = tiny_target()
+    ck = LoadedCheckpoint(target.cfg, _sd(target), _CharTok(), "tiny")
+    monkeypatch.setattr(ssv.loaders, "load_checkpoint", lambda spec, **kw: ck)
+    run, out = tmp_path / "run", tmp_path / "head"
+    common = ["--run-dir", str(run), "--device", "cpu", "--num-prompts", "6", "--eval-prompts", "2",
+              "--sources", "topics", "--max-prompt-tokens", "24", "--max-new-tokens", "8", "--gen-batch", "4",
+              "--seq-len", "40", "--draft-vocab", "30", "--window", "16", "--ttt-steps", "2", "--epochs", "3",
+              "--batch-tokens", "80", "--warmup", "1", "--save-every", "2", "--eval-every", "3", "--log-every", "1"]
+    assert main(common + ["--time-budget", "1e-9"]) == EXIT_RESUME   # stops before generating anything
+    assert not (run / "data" / "train.done").exists()
+    assert main(common + ["--max-steps", "3"]) == 0
+    st = torch.load(run / "state.pt", weights_only=False)
+    assert st["step"] == 3
+    assert main(common + ["--max-steps", "5", "--export", str(out)]) == 0      # resumes from step 3
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    head, cfg = load_eagle3(out, target=target.cfg)
+    assert cfg.draft_vocab_size == 30 and cfg.window == 16
+    assert (out / "eval_prompts.jsonl").read_text() == (run / "eval_prompts.jsonl").read_text()
+    assert main(common[:-2] + ["--log-every", "1", "--draft-vocab", "20"]) == 2   # settings changed: refused
