@@ -124,6 +124,7 @@ class TritonNSAPlan:
         self.meta, self.cfg, self.opts, self.record = meta, cfg, opts or VerifyOptions(), record
         self.w, self.s0, self.n_path = path_block_weights(meta.prefix_len, meta.positions, meta.tree_mask, cfg)
         self.tmask = meta.tree_mask.to(torch.uint8).contiguous()
+        self.max_pos = int(meta.positions.max())  # the step's one host sync
         self._indices: Optional[torch.Tensor] = None
 
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
@@ -141,7 +142,7 @@ class TritonNSAPlan:
             kp, vp = path_blocks(self.w, self.s0, k, v, m.prefix_len, m.n)
             idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer],
                                          num_cmp_blocks(m.prefix_len, cfg), kp, vp, self.n_path, m.positions,
-                                         cfg, want_o=gated)
+                                         cfg, want_o=gated, max_pos=self.max_pos)
             if refresh:
                 self._indices = idx
                 if self.record is not None:

@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_ppl)
+
+    b = sub.add_parser("bench", help="benchmarks (CUDA)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bk = bsub.add_parser("kernels", help="verification kernels: naive, SSV exact/approx, FLA, dense")
+    from ssv.bench.kernels import add_args, cmd_bench_kernels
+    add_args(bk)
+    bk.set_defaults(func=cmd_bench_kernels)
     return p
 
 

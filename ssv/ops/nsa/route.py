@@ -201,10 +201,11 @@ def _pow2(x: int, lo: int = 16) -> int:
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks: int,
               k_path: torch.Tensor, v_path: torch.Tensor, n_path: torch.Tensor, positions: torch.Tensor,
               cfg: NSAConfig, want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
-              n_split: Optional[int] = None):
+              n_split: Optional[int] = None, max_pos: Optional[int] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k_path/v_path
     [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q).
 
+    max_pos: the largest position (given, no device sync happens: CUDA-graph capturable).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
@@ -215,7 +216,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     scale = d ** -0.5 if scale is None else scale
     nbp = k_path.shape[2]
     nbpre = int(n_prefix_blocks)
-    max_pos = int(positions.max())
+    max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
     if nbs > 8192:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of 8192")

@@ -1,0 +1,318 @@
+"""`ssv bench kernels`: verification attention of a draft tree over a long NSA context.
+
+Side by side, in one run, on identical inputs: the naive per-query kernel (C = 1), SSV exact and
+approximate for each C, the routing launches of a refresh layer, flash-linear-attention's
+parallel_nsa on a chain of the same length (when installed), and dense SDPA over the same tree.
+Each row: median time (CUDA graph replays, CUDA events), the unique bytes that must move, achieved
+TB/s against the copy bandwidth measured in the same run, and speedups as ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import warnings
+
+import torch
+
+from ssv.config import NSAConfig
+
+SHAPES = {  # name: (query heads, KV heads, head dim)
+    "llama3.1-8b": (32, 8, 128),
+    "nsa-1b": (32, 2, 64),
+    "smollm2-135m": (9, 3, 64),
+}
+
+
+def eagle_tree(n: int, gen: torch.Generator, max_depth: int = 7):
+    """A random EAGLE-like tree of n nodes in BFS order: wide near the root, narrowing with depth."""
+    parents, depth = [-1], [0]
+    levels = [[0]]
+    while len(parents) < n:
+        d = len(levels)
+        prev = levels[-1] if d < max_depth else levels[-2]
+        width = min(n - len(parents), max(1, int(math.ceil(n / max_depth))) if d > 1 else min(8, n - 1))
+        lvl = []
+        for _ in range(width):
+            p = prev[int(torch.randint(0, len(prev), (1,), generator=gen))]
+            parents.append(p)
+            depth.append(depth[p] + 1)
+            lvl.append(len(parents) - 1)
+        levels.append(lvl)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return torch.tensor(depth), mask
+
+
+def synthetic_selection(pos: torch.Tensor, hkv: int, cfg: NSAConfig, overlap: float, gen: torch.Generator):
+    """Selections with a controlled overlap: each query keeps each free block of the previous query
+    (in flattened order) with probability `overlap`, else draws a new one. Forced blocks as NSA's."""
+    n = pos.numel()
+    out = torch.full((n, hkv, cfg.n_select), -1, dtype=torch.int32)
+    for h in range(hkv):
+        prev = None
+        for i in range(n):
+            cur = int(pos[i]) // cfg.slc_block
+            forced = {0, cur, cur - 1} & set(range(cur + 1))
+            pool = [j for j in range(1, max(1, cur - 1))]
+            want = cfg.n_select - len(forced)
+            keep = [j for j in (prev or []) if j not in forced and float(torch.rand((), generator=gen)) < overlap]
+            chosen = set(keep[:want])
+            while len(chosen) < min(want, len(pool)):
+                chosen.add(pool[int(torch.randint(0, len(pool), (1,), generator=gen))])
+            sel = sorted(forced | chosen)
+            out[i, h, :len(sel)] = torch.tensor(sel, dtype=torch.int32)
+            prev = sorted(chosen)
+    return out
+
+
+def unique_bytes(idx, pos, P, n, cfg, d, elt):
+    """Fewest bytes the verify step must read: every needed K/V token once, plus q and o."""
+    toks = 0
+    for h in range(idx.shape[1]):
+        need = set()
+        for i in range(n):
+            t = int(pos[i])
+            need.update(range(max(0, t - cfg.window + 1), P))
+            for j in idx[i, h].tolist():
+                if j >= 0:
+                    need.update(range(j * cfg.slc_block, min(P, (j + 1) * cfg.slc_block)))
+        toks += len(need) + n
+    return toks * d * 2 * elt
+
+
+def overlap_of(idx):
+    """Mean Jaccard overlap of adjacent queries' selections (over KV heads)."""
+    vals = []
+    for i in range(1, idx.shape[0]):
+        for h in range(idx.shape[1]):
+            a = {x for x in idx[i - 1, h].tolist() if x >= 0}
+            b = {x for x in idx[i, h].tolist() if x >= 0}
+            vals.append(len(a & b) / max(1, len(a | b)))
+    return sum(vals) / max(1, len(vals))
+
+
+def bench_graph(fn, reps: int = 50):
+    """Median time (ms) of fn replayed from a CUDA graph, timed with CUDA events."""
+    import triton.testing
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=reps, return_mode="median"), "graph"
+    except Exception:  # not capturable (host syncs): plain launches, still event-timed
+        return triton.testing.do_bench(fn, warmup=10, rep=reps, return_mode="median"), "eager"
+
+
+def copy_bandwidth() -> float:
+    import triton.testing
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=10, rep=100, return_mode="median")
+    return 2 * x.numel() / ms / 1e9  # TB/s, bytes read + written
+
+
+def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=None):
+    from ssv.ops.nsa.naive import num_cmp_blocks
+    from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
+    from ssv.ops.nsa.verify import nsa_verify
+
+    hq, hkv, d = SHAPES[shape]
+    dev = "cuda"
+    elt = torch.tensor([], dtype=dtype).element_size()
+    layer_bytes = 2 * hkv * (T + N) * d * elt
+    n_layers = max(1, min(16, math.ceil(240e6 / layer_bytes)))  # rotate past the 60 MB L2
+    k = torch.randn(n_layers, hkv, T + N, d, device=dev, dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(N, hq, d, device=dev, dtype=dtype)
+    depth, mask = eagle_tree(N, gen)
+    pos = (T + depth).to(dev)
+    tmask = mask.to(dev)
+    if traces is not None:
+        idx = traces
+    else:
+        idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen)
+    idx = idx.to(dev)
+    nb = num_cmp_blocks(T, cfg)
+    kc = torch.randn(n_layers, hkv, nb, d, device=dev, dtype=dtype)
+    vc = torch.randn_like(kc)
+    w, s0, npath = path_block_weights(T, pos, tmask, cfg)
+    max_pos = int(pos.max())
+    out = torch.empty_like(q)
+    it = [0]
+
+    def nxt():
+        it[0] = (it[0] + 1) % n_layers
+        return it[0]
+
+    def verify(C, approx):
+        def f():
+            i = nxt()
+            nsa_verify(q, k[i], v[i], T, pos, tmask, idx, cfg.slc_block, cfg.window, group_size=C,
+                       approx=approx, out=out)
+        return f
+
+    def route():
+        i = nxt()
+        kp, vp = path_blocks(w, s0, k[i], v[i], T, N)
+        nsa_route(q, kc[i], vc[i], nb, kp, vp, npath, pos, cfg, max_pos=max_pos)
+
+    ub = unique_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt)
+    rows = []
+
+    def add(method, C, fn, nbytes=ub):
+        ms, how = bench_graph(fn)
+        rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=ms, timing=how,
+                         unique_bytes=nbytes, tbps=nbytes / ms / 1e9))
+
+    add("naive (C=1)", 1, verify(1, False))
+    for C in (2, 4, 8, 16):
+        add("ssv exact", C, verify(C, False))
+    for C in (4, 16):
+        add("ssv approx", C, verify(C, True))
+    add("ssv routing", 0, route, nb * hkv * d * elt + N * hq * d * elt)
+
+    # dense attention over the same tree (SDPA; GQA without materialising repeated K/V)
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    vis = torch.cat([torch.ones(N, T, dtype=torch.bool, device=dev), tmask], 1)
+    qd = q.transpose(0, 1)[None]
+
+    def dense():
+        i = nxt()
+        sdpa(qd, k[i][None], v[i][None], attn_mask=vis[None, None], enable_gqa=True)
+    add("dense sdpa", 0, dense, 2 * hkv * (T + N) * d * elt)
+
+    if fla is not None:
+        g = hq // hkv
+        gpad = max(16, 1 << (g - 1).bit_length())  # FLA needs >= 16 query heads per KV head
+        qf = torch.randn(1, N, hkv * gpad, d, device=dev, dtype=dtype)
+        kf = k.transpose(1, 2)[:, None]  # [layers, 1, T+N, Hkv, D]
+        vf = v.transpose(1, 2)[:, None]
+        gc = torch.rand(1, N, hkv * gpad, device=dev, dtype=dtype)
+        bi = idx.long()[None]
+
+        def fla_full():
+            i = nxt()
+            fla(qf, kf[i], vf[i], g_cmp=gc, g_slc=gc, block_counts=cfg.n_select, block_size=cfg.slc_block)
+
+        def fla_slc():
+            i = nxt()
+            fla(qf, kf[i], vf[i], g_slc=gc, block_indices=bi, block_counts=cfg.n_select, block_size=cfg.slc_block)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            add(f"fla parallel_nsa cmp+slc (G pad {gpad})", 0, fla_full)
+            add(f"fla parallel_nsa slc (G pad {gpad})", 0, fla_slc)
+
+    base = {r["method"]: r["ms"] for r in rows}
+    for r in rows:
+        r["x_vs_naive"] = base["naive (C=1)"] / r["ms"]
+        r["x_vs_dense"] = base["dense sdpa"] / r["ms"]
+        f = [m for m in base if m.startswith("fla parallel_nsa slc")]
+        if f:
+            r["x_vs_fla_slc"] = base[f[0]] / r["ms"]
+        r["overlap"] = overlap_of(idx.cpu()) if not r["method"].startswith(("dense", "fla")) else None
+    del k, v, kc, vc
+    torch.cuda.empty_cache()
+    return rows
+
+
+def environment() -> dict:
+    import triton
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(__file__)).stdout.strip() or None
+    except OSError:
+        commit = None
+    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": os.environ.get("SSV_COMMIT", commit)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ssv bench kernels", description=__doc__)
+    add_args(p)
+    return cmd_bench_kernels(p.parse_args(argv))
+
+
+def add_args(p):
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--contexts", nargs="+", type=int, default=[8192, 16384, 32768, 65536, 131072])
+    p.add_argument("--trees", nargs="+", type=int, default=[4, 16, 64, 128])
+    p.add_argument("--overlap", type=float, default=0.75, help="synthetic adjacent-query overlap")
+    p.add_argument("--traces", help="routing recorded by `ssv generate --record-routing` (real selections)")
+    p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_bench_kernels(args) -> int:
+    if not torch.cuda.is_available():
+        raise ValueError("ssv bench kernels needs a CUDA GPU")
+    try:
+        from fla.ops.nsa import parallel_nsa as fla
+    except Exception as e:  # optional [bench] dependency
+        print(f"flash-linear-attention not available ({e}); its rows are skipped", file=sys.stderr)
+        fla = None
+    cfg = NSAConfig()
+    gen = torch.Generator().manual_seed(args.seed)
+    env = environment()
+    env["copy_tbps"] = copy_bandwidth()
+    rows = []
+    os.makedirs(args.out, exist_ok=True)
+    for shape in args.shapes:
+        for T in args.contexts:
+            for N in args.trees:
+                for r in run_case(shape, T, N, cfg, args.overlap, gen, fla):
+                    r["frac_of_copy_bw"] = r["tbps"] / env["copy_tbps"]
+                    rows.append(r)
+                print(f"{shape} T={T} N={N} done", file=sys.stderr, flush=True)
+                # written after every case so a run stopped at a time limit keeps what it measured
+                with open(os.path.join(args.out, "kernels.json"), "w") as f:
+                    json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
+    print_table(rows, env)
+    plot(rows, os.path.join(args.out, "kernels.png"))
+    return 0
+
+
+def print_table(rows, env) -> None:
+    print(f"# {env['device']}  torch {env['torch']}  triton {env['triton']}  {env['date']}  "
+          f"commit {env['commit']}  copy {env['copy_tbps']:.2f} TB/s")
+    print(f"{'shape':14s} {'ctx':>6s} {'N':>4s} {'method':38s} {'C':>3s} {'ms':>8s} {'TB/s':>6s} "
+          f"{'x naive':>8s} {'x fla':>7s} {'x dense':>8s}")
+    for r in rows:
+        print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d} {r['ms']:8.4f} "
+              f"{r['tbps']:6.2f} {r['x_vs_naive']:8.2f} {r.get('x_vs_fla_slc', float('nan')):7.2f} "
+              f"{r['x_vs_dense']:8.2f}")
+
+
+def plot(rows, path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shapes = sorted({r["shape"] for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        n = max(r["tree"] for r in rows if r["shape"] == shape)
+        for method, C in sorted({(r["method"], r["C"]) for r in rows if r["shape"] == shape}):
+            pts = sorted((r["context"], r["ms"]) for r in rows
+                         if r["shape"] == shape and r["tree"] == n and r["method"] == method and r["C"] == C)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                        label=f"{method}" + (f" C={C}" if C else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{shape}, {n} tree queries")
+        ax.set_xlabel("context")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
