@@ -78,8 +78,10 @@ def cmd_generate(args) -> int:
         res = generate_ar(runner, ids, params, args.max_new_tokens, seed=args.seed, stop_ids=tok.eos_ids,
                           progress=not args.json)
     else:
-        from ssv.engine.spec_cli import generate_spec  # speculative modes
-        res = generate_spec(args, runner, model, tok, ids, params)
+        from ssv.engine.spec import generate_spec
+        drafter, opts = _spec_setup(args, model)
+        res = generate_spec(runner, drafter, ids, params, args.max_new_tokens, opts, seed=args.seed,
+                            stop_ids=tok.eos_ids, progress=not args.json)
     gen = [t for t in res.token_ids if t not in tok.eos_ids]
     text = tok.decode(gen)
     if record is not None:
@@ -93,6 +95,30 @@ def cmd_generate(args) -> int:
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
               f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds]", file=sys.stderr)
     return 0
+
+
+def _spec_setup(args, model):
+    """The drafter and the verification options of --mode sd-naive / ssv."""
+    from ssv.attention import VerifyOptions
+    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    from ssv.engine.spec import SpecOptions
+    from ssv.spec.tree import TreeSpec
+
+    tree = TreeSpec(depth=args.tree_depth, top_k=args.tree_topk, total_tokens=args.tree_tokens)
+    if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
+        verify = VerifyOptions(group_size=1, precision="strict")
+    else:
+        refresh = None
+        if args.refresh_every > 1:
+            refresh = tuple(i % args.refresh_every == 0 for i in range(model.cfg.n_layers))
+        verify = VerifyOptions(group_size=args.group_size, precision=args.precision, refresh=refresh)
+    opts = SpecOptions(tree=tree, order=args.traversal, verify=verify)
+    p = next(model.parameters())
+    if args.draft == "default":
+        head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
+    else:
+        head, _ = load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)
+    return Eagle3Drafter(head, model), opts
 
 
 def _save_routing(path, record, args) -> None:
@@ -148,6 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     g.add_argument("--record-routing", metavar="FILE", help="save every layer's selected blocks (NSA)")
+    sd = g.add_argument_group("speculative decoding (--mode sd-naive | ssv)")
+    sd.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
+    sd.add_argument("--tree-depth", type=int, default=6)
+    sd.add_argument("--tree-topk", type=int, default=8)
+    sd.add_argument("--tree-tokens", type=int, default=48, help="nodes verified per round, root included")
+    sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
+    sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
+    sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
+    sd.add_argument("--refresh-every", type=int, default=1,
+                    help="recompute routing every K layers, reuse it between (approx only)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
 

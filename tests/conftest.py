@@ -1,6 +1,8 @@
 """Shared fixtures: the default model (loaded once per session) and a tiny random model factory."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -18,6 +20,11 @@ def _default_gguf_available() -> bool:
 
 
 HAVE_DEFAULT_MODEL = _default_gguf_available()
+
+# On a loaded machine (CPU cores shared with other jobs) torch's intra-op thread pool makes small
+# ops up to ~100x slower (threads spin waiting for each other); one thread is the safe default for
+# the test suite. SSV_TEST_THREADS=N overrides it.
+torch.set_num_threads(int(os.environ.get("SSV_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,116 @@
+"""Speculative decoding as plain functions over a target Runner and a drafter: draft, verify, accept, commit.
+
+One round: the drafter grows a tree under the current root (the last emitted token, not yet in the
+target's cache); the tree is flattened in the chosen traversal order; the target verifies every node
+in one pass (exact NSA semantics per node, routed through the plan's grouped kernels on CUDA); the
+longest accepted root-to-node path is compacted into the cache and re-run through the drafter; the
+bonus token becomes the next root.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ssv.attention import StepMeta, VerifyOptions
+from ssv.engine.generate import GenResult, _sync, check_budget, pick_token
+from ssv.engine.runner import Runner
+from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
+from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, flatten, tree_metadata
+
+
+@dataclass
+class SpecOptions:
+    tree: TreeSpec = field(default_factory=lambda: TreeSpec(depth=6, top_k=8, total_tokens=48))
+    order: str = "pos"
+    verify: VerifyOptions = field(default_factory=VerifyOptions)
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"traversal must be one of {ORDERS}, got {self.order!r}")
+        if self.tree.total_tokens > 128:
+            raise ValueError(f"at most 128 tree tokens are verified at once, got {self.tree.total_tokens}")
+        if self.verify.refresh is not None and self.verify.precision == "strict":
+            raise ValueError("reusing routing across layers changes NSA's output: it needs --precision approx")
+
+
+def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions) -> tuple:
+    """Grow and flatten a tree. Returns (tree in traversal order, perm)."""
+    tree = drafter.propose(root, root_logp, opts.tree)
+    return flatten(tree, opts.order)
+
+
+def verify(runner: Runner, tree: DraftTree, opts: SpecOptions, taps=()):
+    """One target pass over every node: logits [N, V] and tapped hidden states of every node."""
+    tm = tree_metadata(tree, runner.length)
+    meta = StepMeta(runner.length, tm.positions, tm.mask)
+    return runner.forward(tree.tokens, meta, opts.verify, taps=taps)
+
+
+def accept(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
+    logits = logits.float().cpu()
+    if params.greedy:
+        return accept_greedy(tree, logits)
+    return accept_sample(tree, logits, params, draw_coins(tree, gen))
+
+
+def commit(runner: Runner, drafter, res, taps) -> torch.Tensor:
+    """Compact the accepted path into the target cache and feed it (with the bonus) to the drafter."""
+    runner.cache.commit_path(res.path)
+    idx = torch.tensor(res.path, device=taps[0].device)
+    return drafter.commit([t[idx] for t in taps], torch.tensor(res.tokens + [res.bonus]))
+
+
+def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
+                  opts: SpecOptions, seed: int = 0, stop_ids=(), progress: bool = False) -> GenResult:
+    check_budget(runner, len(prompt_ids), max_new_tokens)
+    gen = torch.Generator().manual_seed(seed)
+    runner.reset()
+    drafter.reset()
+    _sync(runner.device)
+    t0 = time.perf_counter()
+    logits, chunks = runner.prefill(prompt_ids, progress=progress, taps=drafter.taps)
+    root = pick_token(logits, params, gen)
+    taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
+    root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]))
+    _sync(runner.device)
+    t1 = time.perf_counter()
+    out, rounds, stop = [root], 0, "length"
+    depth_hits = [0] * (opts.tree.depth + 1)
+    while True:
+        if root in stop_ids:
+            stop = "eos"
+            break
+        if len(out) >= max_new_tokens:
+            break
+        if runner.length + opts.tree.depth + 2 > runner.context_limit:
+            stop = "context"
+            break
+        tree, _ = draft(drafter, root, root_logp, opts)
+        logits, taps = verify(runner, tree, opts, taps=drafter.taps)
+        res = accept(tree, logits, params, gen)
+        root_logp = commit(runner, drafter, res, taps)
+        rounds += 1
+        for d in range(1, len(res.path)):
+            depth_hits[d] += 1
+        new = res.tokens + [res.bonus]
+        for t in new:
+            out.append(t)
+            if t in stop_ids or len(out) >= max_new_tokens:
+                break
+        root = out[-1]
+    _sync(runner.device)
+    t2 = time.perf_counter()
+    dec = t2 - t1
+    emitted = len(out) - 1
+    stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
+             "decode_seconds": dec, "rounds": rounds,
+             "tokens_per_second": emitted / dec if dec > 0 and emitted else 0.0,
+             "mean_accepted_length": emitted / rounds if rounds else 0.0,
+             "acceptance_by_depth": [h / rounds if rounds else 0.0 for h in depth_hits[1:]],
+             "tree": vars(opts.tree) if hasattr(opts.tree, "__dict__") else str(opts.tree),
+             "traversal": opts.order, "group_size": opts.verify.group_size,
+             "precision": opts.verify.precision, "stop": stop}
+    return GenResult(out, stats)
