@@ -78,11 +78,8 @@ def test_commit_path_compacts_accepted_nodes(n_tree):
     before_k, before_v = cache.k[:, :, :9].clone(), cache.v[:, :, :9].clone()
     k, v = rand_kv(n_tree, gen)  # a draft tree's nodes, in flattened order
     write_step(cache, k, v)
-    size = int(torch.randint(1, n_tree + 1, (), generator=gen))
-    path = sorted(torch.randperm(n_tree, generator=gen)[:size].tolist())
-    if 0 not in path:
-        path = [0] + path[:-1] if len(path) == n_tree else [0] + path  # root first
-        path = sorted(set(path))
+    size = int(torch.randint(0, n_tree, (), generator=gen))
+    path = [0] + sorted((1 + torch.randperm(n_tree - 1, generator=gen)[:size]).tolist())  # root first
     cache.commit_path(path)
     a = len(path)
     assert cache.length == 9 + a

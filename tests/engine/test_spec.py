@@ -1,0 +1,152 @@
+"""Speculative decoding on NSA: lossless verification, compaction, and the engine against autoregressive."""
+import pytest
+import torch
+
+from ssv.attention import StepMeta, VerifyOptions
+from ssv.config import ModelConfig, NSAConfig, RopeConfig
+from ssv.engine.generate import generate_ar
+from ssv.engine.runner import Runner
+from ssv.engine.spec import SpecOptions, generate_spec, verify
+from ssv.model import Transformer
+from ssv.spec.accept import SamplingParams
+from ssv.spec.tree import DraftTree, TreeSpec, flatten, tree_metadata
+
+NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=3, window=16)
+
+
+def tiny_target(seed=0, vocab=64, layers=3):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=48, intermediate_size=64, n_layers=layers, n_heads=6,
+                      n_kv_heads=2, head_dim=8, max_seq_len=512, rope=RopeConfig(theta=1000.0))
+    m = Transformer(cfg)
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.4)
+    return m.eval()
+
+
+class OracleDrafter:
+    """Proposes trees containing a given continuation as one branch, plus random decoys: accepted paths
+    are long (crossing compression/selection block boundaries) and rejections happen at known places."""
+
+    taps = (0, 1, 2)
+
+    def __init__(self, truth, vocab, seed=0, miss_every=3):
+        self.truth, self.vocab, self.miss_every = truth, vocab, miss_every
+        self.gen = torch.Generator().manual_seed(seed)
+        self.reset()
+
+    def reset(self):
+        self.pos = 0
+        self.rounds = 0
+        self.committed = []
+
+    def commit(self, taps, next_tokens):
+        for t in taps:
+            assert t.shape[0] == len(next_tokens)
+        self.committed += list(next_tokens.tolist())
+        return torch.zeros(self.vocab)
+
+    def propose(self, root, root_logp, spec):
+        self.rounds += 1
+        # committed holds prompt[1:] + generated; the next truth index is how many were generated
+        k = len(self.committed) - self.n_prompt
+        depth = spec.depth if self.rounds % self.miss_every else 1
+        good = self.truth[k:k + depth]
+        toks, parents, scores = [root], [-1], [0.0]
+        prev = 0
+        for i, t in enumerate(good):
+            toks.append(t), parents.append(prev), scores.append(-float(i + 1))
+            prev = len(toks) - 1
+            decoy = (t + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.gen))) % self.vocab
+            toks.append(decoy), parents.append(parents[-1]), scores.append(-float(i + 1) - 0.5)
+        return DraftTree(torch.tensor(toks), torch.tensor(parents), torch.tensor(scores))
+
+
+def run_pair(model, prompt, n_new, opts, attention="nsa"):
+    runner = Runner(model, attention=attention, nsa=NSA)
+    ar = generate_ar(runner, prompt, SamplingParams(), n_new)
+    d = OracleDrafter(ar.token_ids[1:], model.cfg.vocab_size)
+    d.n_prompt = len(prompt)
+    sd = generate_spec(runner, d, prompt, SamplingParams(), n_new, opts)
+    return ar, sd, runner
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+@pytest.mark.parametrize("C, order", [(1, "bfs"), (4, "pos"), (16, "dfs")])
+def test_greedy_spec_equals_autoregressive(attention, C, order):
+    model = tiny_target()
+    prompt = torch.randint(0, 64, (93,), generator=torch.Generator().manual_seed(C)).tolist()
+    opts = SpecOptions(TreeSpec(depth=7, top_k=2, total_tokens=15), order, VerifyOptions(group_size=C))
+    ar, sd, _ = run_pair(model, prompt, 60, opts, attention)
+    assert sd.token_ids == ar.token_ids
+    assert sd.stats["mean_accepted_length"] > 2.5  # long paths were really accepted and committed
+
+
+def test_compacted_cache_equals_sequential():
+    model = tiny_target(1)
+    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+    opts = SpecOptions(TreeSpec(depth=6, top_k=2, total_tokens=13), "pos", VerifyOptions(group_size=4))
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    ar = generate_ar(runner, prompt, SamplingParams(), 40)
+    k_ar = runner.cache.k[:, :, :runner.length].clone()
+    kc_ar = runner.cache.k_cmp[:, :, :runner.cache.n_cmp].clone()
+    n_ar = runner.length
+    d = OracleDrafter(ar.token_ids[1:], 64)
+    d.n_prompt = len(prompt)
+    sd = generate_spec(runner, d, prompt, SamplingParams(), 40, opts)
+    assert sd.token_ids == ar.token_ids
+    n = min(n_ar, runner.length)
+    torch.testing.assert_close(runner.cache.k[:, :, :n], k_ar[:, :, :n], atol=1e-5, rtol=1e-5)
+    m = min(kc_ar.shape[2], runner.cache.n_cmp)
+    torch.testing.assert_close(runner.cache.k_cmp[:, :, :m], kc_ar[:, :, :m], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["bfs", "dfs", "pos"])
+def test_tree_logits_equal_sequential_paths(order):
+    """Every node's logits from one tree pass equal a forward over prefix + its root-to-node path."""
+    model = tiny_target(2)
+    gen = torch.Generator().manual_seed(5)
+    P = 61  # paths of depth up to 6 cross compression (4) and selection (16) block boundaries
+    prompt = torch.randint(0, 64, (P,), generator=gen).tolist()
+    n = 14
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    tree = DraftTree(torch.randint(0, 64, (n,), generator=gen), torch.tensor(parents), -torch.rand(n, generator=gen))
+    tree, _ = flatten(tree, order)
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    runner.prefill(prompt)
+    logits, _ = verify(runner, tree, SpecOptions(TreeSpec(6, 4, 16), order, VerifyOptions(group_size=4)))
+    meta = tree_metadata(tree, P)
+    for i in range(n):
+        path = meta.ancestors[i]
+        ref = Runner(model, attention="nsa", nsa=NSA)
+        ref.prefill(prompt)
+        out, _ = ref.forward(tree.tokens[path], StepMeta.chain(P, len(path)))
+        torch.testing.assert_close(logits[i], out[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_approx_and_refresh_change_only_when_asked():
+    model = tiny_target(4)
+    prompt = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(9)).tolist()
+    ar, strict, _ = run_pair(model, prompt, 24, SpecOptions(TreeSpec(5, 2, 11), "pos", VerifyOptions(4)))
+    assert strict.token_ids == ar.token_ids
+    with pytest.raises(ValueError, match="approx"):
+        SpecOptions(verify=VerifyOptions(refresh=(True, False)))
+    approx = SpecOptions(TreeSpec(5, 2, 11), "pos", VerifyOptions(4, "approx", refresh=(True, False, False)))
+    _, sd, _ = run_pair(model, prompt, 24, approx)
+    assert sd.stats["precision"] == "approx" and sd.stats["rounds"] > 0
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(order="zigzag"), "traversal"),
+    (dict(tree=TreeSpec(depth=4, top_k=16, total_tokens=200)), "128"),
+])
+def test_spec_options_errors(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SpecOptions(**kw)
+
+
+def test_verify_options_errors():
+    with pytest.raises(ValueError, match="group size"):
+        VerifyOptions(group_size=3)
+    with pytest.raises(ValueError, match="precision"):
+        VerifyOptions(precision="loose")
