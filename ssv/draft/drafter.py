@@ -85,9 +85,10 @@ class Eagle3Drafter:
             pos = torch.arange(self.length + c0, self.length + c1, device=self.device)
             cos, sin = self.head.rope(pos)
             q, k, v = mid.qkv(emb[c0:c1], hidden[c0:c1], cos, sin)
-            kpos = torch.cat([self.slot_pos, pos])
+            u = min(self.length + c0, W)  # ring slots in use (slot = position % W)
+            kpos = torch.cat([self.slot_pos[:u], pos])
             vis = (kpos[None] >= 0) & (kpos[None] <= pos[:, None]) & (kpos[None] > pos[:, None] - W)
-            a = masked_attention(q, torch.cat([self.k, k]), torch.cat([self.v, v]), vis)
+            a = masked_attention(q, torch.cat([self.k[:u], k]), torch.cat([self.v[:u], v]), vis)
             out = mid.finish(a, hidden[c0:c1])
             slots = pos % W
             self.k[slots], self.v[slots], self.slot_pos[slots] = k, v, pos
@@ -116,7 +117,8 @@ class Eagle3Drafter:
         slot_of: dict = {}      # pool node -> scratch slot
         hid = []                # scratch slot -> output feature
         paths: dict = {0: []}   # pool node -> scratch slots of its depth>=1 path (itself last)
-        ring_vis_base = self.slot_pos >= 0
+        n_ring = min(self.length, W)  # ring slots in use
+        ring_k, ring_v, ring_pos = self.k[:n_ring], self.v[:n_ring], self.slot_pos[:n_ring]
 
         def expand(frontier, tree: DraftTree) -> torch.Tensor:
             if list(frontier) == [0]:
@@ -140,9 +142,8 @@ class Eagle3Drafter:
             for r, u in enumerate(frontier):
                 for j, s in enumerate(paths[u]):   # ancestor at depth j+1 (position P+j+1)
                     scr[r, s] = depth[u] - (j + 1) < W
-            vis = torch.cat([ring_vis_base[None] & (self.slot_pos[None] > pos[:, None] - W),
-                             scr.to(self.device)], 1)
-            a = masked_attention(q, torch.cat([self.k, sk[:n_scr]]), torch.cat([self.v, sv[:n_scr]]), vis)
+            vis = torch.cat([(ring_pos[None] >= 0) & (ring_pos[None] > pos[:, None] - W), scr.to(self.device)], 1)
+            a = masked_attention(q, torch.cat([ring_k, sk[:n_scr]]), torch.cat([ring_v, sv[:n_scr]]), vis)
             out = mid.finish(a, feat)
             hid.extend(out.unbind(0))
             lp = self.head.target_logp(out)

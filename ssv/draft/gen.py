@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -45,27 +46,44 @@ def generate_split(data_dir: Path, split: str, prompts: Sequence[dict], teacher,
     # greedy and sampled prompts in separate batches; long prompts first (memory peaks early)
     order = sorted(range(len(prompts)), key=lambda i: (sampled(prompts[i]["id"], sample_frac), -len(ids[i]), i))
     batches = [order[i:i + batch] for i in range(0, len(order), batch)]
-    bar = tqdm(total=len(batches), desc=f"generate {split}", unit="batch", disable=not progress)
+    bar = tqdm(total=len(batches), desc=f"generate {split}", unit="batch", disable=not progress,
+               mininterval=0.1 if sys.stderr.isatty() else 30)
+    slowest = 0.0  # longest batch so far: do not start one that would overrun the deadline
     for b, idx in enumerate(batches):
         path = data_dir / f"{split}_{b:05d}.pt"
         if path.exists():
             bar.update(1)
             continue
-        if deadline is not None and time.time() > deadline:
+        t_batch = time.time()
+        if deadline is not None and t_batch + 1.2 * slowest > deadline:
             bar.close()
             log(f"time budget reached while generating {split} data ({b}/{len(batches)} batches done)")
             return False
         do_sample = sampled(prompts[idx[0]]["id"], sample_frac)
-        answers = teacher.generate([ids[i] for i in idx], max_new_tokens, eos, sample=do_sample,
-                                   temperature=temperature, top_p=top_p, seed=seed * 100003 + b)
+        answers = _generate(teacher, [ids[i] for i in idx], max_new_tokens, eos, sample=do_sample,
+                            temperature=temperature, top_p=top_p, seed=seed * 100003 + b)
         seqs = [(ids[i] + a)[:seq_len] for i, a in zip(idx, answers)]
         _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),
                       "prompt_len": [min(len(ids[i]), seq_len) for i in idx],
                       "prompt_id": [prompts[i]["id"] for i in idx], "sampled": do_sample}, path)
+        slowest = max(slowest, time.time() - t_batch)
         bar.update(1)
     bar.close()
     (data_dir / f"{split}.done").write_text(f"{len(batches)}\n")
     return True
+
+
+def _generate(teacher, prompts, max_new_tokens, eos, **kw):
+    """teacher.generate, halving the batch on CUDA out-of-memory."""
+    try:
+        return teacher.generate(prompts, max_new_tokens, eos, **kw)
+    except torch.cuda.OutOfMemoryError:
+        if len(prompts) == 1:
+            raise
+        torch.cuda.empty_cache()
+        h = len(prompts) // 2
+        return (_generate(teacher, prompts[:h], max_new_tokens, eos, **kw)
+                + _generate(teacher, prompts[h:], max_new_tokens, eos, **kw))
 
 
 def load_split(data_dir: Path, split: str) -> List[dict]:

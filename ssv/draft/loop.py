@@ -6,6 +6,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -137,7 +138,7 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     dev = torch.device(args.device)
     train_data, eval_data = gen.load_split(run / "data", "train"), gen.load_split(run / "data", "eval")
     ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log)
-    head = init_head(hcfg, ids, ck.state_dict, not args.no_init_from_target).to(dev).train()
+    head = init_head(hcfg, ids, ck.state_dict, args.init_from_target).to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     lengths = [s["ids"].numel() for s in train_data]
     per_epoch = len(gen.make_batches(lengths, args.batch_tokens, args.seed, 0))
@@ -173,7 +174,8 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
 
     log(f"{len(train_data)} training / {len(eval_data)} eval sequences; {per_epoch} batches per epoch; "
         f"{total} steps in all")
-    bar = tqdm(total=total, initial=min(step, total), desc="train-draft", unit="step")
+    bar = tqdm(total=total, initial=min(step, total), desc="train-draft", unit="step",
+               mininterval=0.1 if sys.stderr.isatty() else 30)
     window, t_step = [], time.time()
     while not done and step < total:
         batches = gen.make_batches(lengths, args.batch_tokens, args.seed, epoch)

@@ -9,7 +9,7 @@ time: slow, but exactly the target the engine verifies with (and the only choice
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 

@@ -87,7 +87,6 @@ def test_commit_checks():
 
 def test_drafter_with_target_taps_end_to_end():
     """taps from the real Transformer forward (Runner) plug straight into commit."""
-    from ssv.attention import StepMeta
     from ssv.draft import join_prefill_taps
     from ssv.engine.runner import Runner
 

@@ -1,6 +1,5 @@
 import json
 
-import pytest
 import torch
 
 from ssv.draft import data, gen, load_eagle3

@@ -77,10 +77,11 @@ VERIFY_CASES = [
 ]
 
 
+@pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_matches_reference(case, gating, dtype):
+def test_verify_matches_reference(case, gating, dtype, n_split):
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
@@ -94,7 +95,7 @@ def test_verify_matches_reference(case, gating, dtype):
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None,
-                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out)
+                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, n_split=n_split)
     assert o.data_ptr() == out.data_ptr()
     assert rel_err(o, ref.o) < tol(dtype)
     want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)
@@ -175,6 +176,22 @@ def test_runner_triton_backend_matches_reference():
     (dict(C=3), "group size C"),
     (dict(N=129), "verification queries"),
 ])
+def test_group_union():
+    from ssv.ops.nsa.verify import group_union
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 40, (11, 3, 5), generator=gen)
+    idx[idx % 7 == 0] = -1
+    for C in (1, 2, 4, 16):
+        for approx in (False, True):
+            u = group_union(idx, C, approx)
+            for g in range(-(-11 // C)):
+                for h in range(3):
+                    rows = idx[g * C:(g + 1) * C, h] if not approx else idx[g * C:g * C + 1, h]
+                    want = sorted({x for x in rows.flatten().tolist() if x >= 0})
+                    got = [x for x in u[g, h].tolist() if x < (1 << 30)]
+                    assert got == want
+
+
 def test_verify_rejects_unsupported_shapes(bad, msg):
     p = dict(D=16, G=2, C=2, N=5)
     p.update(bad)

@@ -50,6 +50,7 @@ def compress_mean(k: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> torch.Tenso
 
 def check_visibility(prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor) -> None:
     """Every query must see exactly one new token at each position prefix_len..pos (itself included)."""
+    positions, tree_mask = positions.cpu(), tree_mask.cpu()  # tiny; integer matmul has no CUDA kernel
     n = positions.numel()
     if tree_mask.shape != (n, n):
         raise ValueError(f"tree_mask must be [{n}, {n}], got {tuple(tree_mask.shape)}")

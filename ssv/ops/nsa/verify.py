@@ -44,14 +44,15 @@ def _finish(b_m, b_l, b_acc):
 
 @triton.jit
 def nsa_verify_fwd_kernel(
-    q, k, v, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b,
-    N, P, W, scale,
-    s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
+    q, k, v, pos, tmask, blk, uni, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a,
+    N, P, W, scale, NSPLIT,
+    s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, s_ug, s_uh, HQ,
     G: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr,
-    GATED: tl.constexpr, APPROX: tl.constexpr,
+    NSEL: tl.constexpr, NSELP: tl.constexpr, UMAXP: tl.constexpr, BT: tl.constexpr,
+    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
     o_r = i_s * BM + tl.arange(0, BM)
     o_qi = i_g * C + o_r // G
     m_r = (o_r < C * G) & (o_qi < N)
@@ -62,7 +63,7 @@ def nsa_verify_fwd_kernel(
     b_q = tl.load(q + o_qi64[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
     b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
     b_pos = tl.load(pos + o_qi, mask=m_r, other=0)
-    # selection lists [BM, NSELP]; approximate mode reads the representative's
+    # each row's selection [BM, NSELP] (approximate mode: the representative's)
     o_sq = o_qi64 * 0 + i_g * C if APPROX else o_qi64
     o_k = tl.arange(0, NSELP)
     b_lst = tl.load(blk + o_sq[:, None] * s_bn + i_h * s_bh + o_k[None, :],
@@ -72,74 +73,80 @@ def nsa_verify_fwd_kernel(
     b_m1 = tl.full([BM], float("-inf"), tl.float32)
     b_l1 = tl.zeros([BM], tl.float32)
     b_a1 = tl.zeros([BM, D], tl.float32)
-    if GATED:
-        b_m2 = tl.full([BM], float("-inf"), tl.float32)
-        b_l2 = tl.zeros([BM], tl.float32)
-        b_a2 = tl.zeros([BM, D], tl.float32)
+    b_m2 = tl.full([BM], float("-inf"), tl.float32)
+    b_l2 = tl.zeros([BM], tl.float32)
+    b_a2 = tl.zeros([BM, D], tl.float32)
 
-    # window region shared by the group, aligned down to a selection block
+    # Work items: the group's union blocks below the window region, then the window region's
+    # block-aligned tiles up to P; KV split i_k takes every NSPLIT-th item.
     minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
-    lo_a = (lo // BS) * BS
+    lim = lo // BS
+    o_u = tl.arange(0, UMAXP)
+    p_u = uni + i_g * s_ug + i_h * s_uh
+    n_a = tl.sum((tl.load(p_u + o_u) < lim).to(tl.int32))
+    n_w = tl.maximum(tl.cdiv(P - lim * BS, BS), 0)
     o_t0 = tl.arange(0, BS)
     kbase = k + i_h * s_kh
     vbase = v + i_h * s_kh
-
-    # A: union of the group's selected blocks that lie wholly before the window region
-    lim = lo_a // BS
-    cur = tl.min(b_lst)
-    while cur < lim:
-        member = tl.sum((b_lst == cur).to(tl.int32), 1) > 0
-        o_t = cur * BS + o_t0
+    for it in range(i_k, n_a + n_w, NSPLIT):
+        j = tl.where(it < n_a, tl.load(p_u + it, mask=it < n_a, other=0), lim + it - n_a)
+        o_t = j * BS + o_t0
         m_t = o_t < P
         p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
         b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
         b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        b_m1, b_l1, b_a1 = _online(b_s, member[:, None] & m_t[None, :], b_v, b_m1, b_l1, b_a1)
-        cur = tl.min(tl.where(b_lst > cur, b_lst, 1 << 30))
-
-    # B: the window region of the committed prefix, one block-aligned tile at a time
-    for t0 in range(lo_a, P, BS):
-        o_t = t0 + o_t0
-        m_t = o_t < P
-        p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
-        b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
-        b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        member = tl.sum((b_lst == t0 // BS).to(tl.int32), 1) > 0
+        member = (tl.sum((b_lst == j).to(tl.int32), 1) > 0)[:, None]
         in_win = o_t[None, :] > (b_pos[:, None] - W)
         if GATED:
-            b_m1, b_l1, b_a1 = _online(b_s, member[:, None] & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+            b_m1, b_l1, b_a1 = _online(b_s, member & m_t[None, :], b_v, b_m1, b_l1, b_a1)
             b_m2, b_l2, b_a2 = _online(b_s, in_win & m_t[None, :], b_v, b_m2, b_l2, b_a2)
         else:
-            b_m1, b_l1, b_a1 = _online(b_s, (in_win | member[:, None]) & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+            b_m1, b_l1, b_a1 = _online(b_s, (in_win | member) & m_t[None, :], b_v, b_m1, b_l1, b_a1)
 
-    # C: the step's new tokens, seen only along each query's own path
-    for n0 in range(0, N, BT):
-        o_n = n0 + tl.arange(0, BT)
-        m_n = o_n < N
-        b_pn = tl.load(pos + o_n, mask=m_n, other=0)
-        p_t = (P + o_n).to(tl.int64)[:, None] * s_kt + o_d[None, :]
-        b_k = tl.load(kbase + p_t, mask=m_n[:, None], other=0.0)
-        b_v = tl.load(vbase + p_t, mask=m_n[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        anc = tl.load(tmask + o_qi64[:, None] * s_tn + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0) != 0
-        blk_n = b_pn // BS
-        member = tl.zeros([BM, BT], tl.int1)
-        for kk in tl.static_range(NSEL):
-            col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
-            member = member | (col[:, None] == blk_n[None, :])
-        in_win = b_pn[None, :] > (b_pos[:, None] - W)
-        if GATED:
-            b_m1, b_l1, b_a1 = _online(b_s, anc & member, b_v, b_m1, b_l1, b_a1)
-            b_m2, b_l2, b_a2 = _online(b_s, anc & in_win, b_v, b_m2, b_l2, b_a2)
-        else:
-            b_m1, b_l1, b_a1 = _online(b_s, anc & (in_win | member), b_v, b_m1, b_l1, b_a1)
+    # the step's new tokens, seen only along each query's own path (KV split 0)
+    if i_k == 0:
+        for n0 in range(0, N, BT):
+            o_n = n0 + tl.arange(0, BT)
+            m_n = o_n < N
+            b_pn = tl.load(pos + o_n, mask=m_n, other=0)
+            p_t = (P + o_n).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+            b_k = tl.load(kbase + p_t, mask=m_n[:, None], other=0.0)
+            b_v = tl.load(vbase + p_t, mask=m_n[:, None], other=0.0)
+            b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+            anc = tl.load(tmask + o_qi64[:, None] * s_tn + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0) != 0
+            blk_n = b_pn // BS
+            member = tl.zeros([BM, BT], tl.int1)
+            for kk in tl.static_range(NSEL):
+                col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
+                member = member | (col[:, None] == blk_n[None, :])
+            in_win = b_pn[None, :] > (b_pos[:, None] - W)
+            if GATED:
+                b_m1, b_l1, b_a1 = _online(b_s, anc & member, b_v, b_m1, b_l1, b_a1)
+                b_m2, b_l2, b_a2 = _online(b_s, anc & in_win, b_v, b_m2, b_l2, b_a2)
+            else:
+                b_m1, b_l1, b_a1 = _online(b_s, anc & (in_win | member), b_v, b_m1, b_l1, b_a1)
 
-    # o, o_cmp [N, Hq, D], lse_* [N, Hq], gates [N, Hq, 3]: contiguous
-    p_o = (o_qi64 * HQ + o_hq)[:, None] * D + o_d[None, :]
     p_l = o_qi64 * HQ + o_hq
+    p_o = p_l[:, None] * D + o_d[None, :]
+    if SPLIT:
+        # partial softmax states, merged by nsa_verify_combine_kernel
+        p_w = (i_k * N * HQ + p_l) * 2
+        tl.store(ws_m + p_w, b_m1, mask=m_r)
+        tl.store(ws_l + p_w, b_l1, mask=m_r)
+        tl.store(ws_a + p_w[:, None] * D + o_d[None, :], b_a1, mask=m_r[:, None])
+        if GATED:
+            tl.store(ws_m + p_w + 1, b_m2, mask=m_r)
+            tl.store(ws_l + p_w + 1, b_l2, mask=m_r)
+            tl.store(ws_a + (p_w + 1)[:, None] * D + o_d[None, :], b_a2, mask=m_r[:, None])
+    else:
+        _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
+
+
+@triton.jit
+def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED: tl.constexpr):
+    # o, o_cmp [N, Hq, D], lse_* [N, Hq], gates [N, Hq, 3]: contiguous
     b_o1, b_lse1 = _finish(b_m1, b_l1, b_a1)
     if GATED:
         b_o2, b_lse2 = _finish(b_m2, b_l2, b_a2)
@@ -155,6 +162,43 @@ def nsa_verify_fwd_kernel(
     tl.store(lse_a + p_l, b_lse1, mask=m_r)
 
 
+@triton.jit
+def nsa_verify_combine_kernel(
+    gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, N, NSPLIT, HQ,
+    BM: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr,
+):
+    # one program per query: merge the KV splits' (max, sum, acc) of every head, then gate
+    i_n = tl.program_id(0)
+    o_r = tl.arange(0, BM)
+    m_r = o_r < HQ
+    o_d = tl.arange(0, D)
+    p_l = i_n.to(tl.int64) * HQ + o_r
+    p_o = p_l[:, None] * D + o_d[None, :]
+    b_m1 = tl.full([BM], float("-inf"), tl.float32)
+    b_m2 = tl.full([BM], float("-inf"), tl.float32)
+    for s in range(0, NSPLIT):
+        p_w = (s * N * HQ + p_l) * 2
+        b_m1 = tl.maximum(b_m1, tl.load(ws_m + p_w, mask=m_r, other=float("-inf")))
+        if GATED:
+            b_m2 = tl.maximum(b_m2, tl.load(ws_m + p_w + 1, mask=m_r, other=float("-inf")))
+    b_s1 = tl.where(b_m1 == float("-inf"), 0.0, b_m1)
+    b_s2 = tl.where(b_m2 == float("-inf"), 0.0, b_m2)
+    b_l1 = tl.zeros([BM], tl.float32)
+    b_l2 = tl.zeros([BM], tl.float32)
+    b_a1 = tl.zeros([BM, D], tl.float32)
+    b_a2 = tl.zeros([BM, D], tl.float32)
+    for s in range(0, NSPLIT):
+        p_w = (s * N * HQ + p_l) * 2
+        b_w = tl.exp2(tl.load(ws_m + p_w, mask=m_r, other=float("-inf")) - b_s1)
+        b_l1 += b_w * tl.load(ws_l + p_w, mask=m_r, other=0.0)
+        b_a1 += b_w[:, None] * tl.load(ws_a + p_w[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        if GATED:
+            b_w = tl.exp2(tl.load(ws_m + p_w + 1, mask=m_r, other=float("-inf")) - b_s2)
+            b_l2 += b_w * tl.load(ws_l + p_w + 1, mask=m_r, other=0.0)
+            b_a2 += b_w[:, None] * tl.load(ws_a + (p_w + 1)[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+    _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
+
+
 def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
 
@@ -163,7 +207,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                tree_mask: torch.Tensor, block_indices: torch.Tensor, slc_block: int, window: int,
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
-               out: Optional[torch.Tensor] = None, max_rows: int = 128):
+               out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -192,17 +236,59 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     tm = tree_mask.to(torch.uint8).contiguous()
     bi = block_indices.to(torch.int32).contiguous()
     pos = positions.to(torch.int32).contiguous()
+    uni = group_union(bi, group_size, approx)
     gt = gates.float().contiguous() if gated else lse_a
     oc = o_cmp.float().contiguous() if gated else lse_a
-    grid = (triton.cdiv(n, group_size), hkv, triton.cdiv(rows, bm))
-    nsa_verify_fwd_kernel[grid](
-        q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b,
-        n, int(prefix_len), int(window), float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
+    ng, nrs = triton.cdiv(n, group_size), triton.cdiv(rows, bm)
+    if n_split is None:
+        # flash-decoding style: enough programs to cover the GPU twice, at least ~2 tiles each
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        work = uni.shape[-1] + window // slc_block + 2
+        n_split = max(1, min(16, (2 * sms) // (ng * hkv * nrs), work // 2))
+    split = n_split > 1
+    ws = max(1, n_split if split else 1)
+    ws_m = torch.empty(ws * n * hq * 2 if split else 1, device=q.device, dtype=torch.float32)
+    ws_l = torch.empty_like(ws_m)
+    ws_a = torch.empty(ws * n * hq * 2 * d if split else 1, device=q.device, dtype=torch.float32)
+    nsa_verify_fwd_kernel[(ng, hkv, nrs * n_split)](
+        q, k, v, pos, tm, bi, uni, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
+        n, int(prefix_len), int(window), float(scale), n_split,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0),
+        uni.stride(0), uni.stride(1), hq,
         G=g, C=group_size, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=_pow2(nsel, 1),
-        BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), num_warps=4 if bm * d <= 8192 else 8,
+        UMAXP=uni.shape[-1], BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split,
+        num_warps=4 if bm * d <= 8192 else 8, num_stages=2,
     )
+    if split:
+        nsa_verify_combine_kernel[(n,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
+                                        BM=_pow2(hq), D=d, GATED=gated, num_warps=4)
     return out, lse_a, lse_b
+
+
+def group_union(block_indices: torch.Tensor, group_size: int, approx: bool = False) -> torch.Tensor:
+    """Sorted union of each group's selected blocks: [NG, Hkv, UMAXP] int32, padded with 2**30.
+
+    Strict: the union over the group's C queries; approximate: the representative's own blocks.
+    """
+    n, hkv, nsel = block_indices.shape
+    ng = -(-n // group_size)
+    big = 1 << 30
+    bi = block_indices.to(torch.int32)
+    if approx:
+        x = bi[::group_size].transpose(0, 1).reshape(hkv, ng, nsel)
+    else:
+        pad = ng * group_size - n
+        if pad:
+            bi = torch.cat([bi, bi.new_full((pad, hkv, nsel), -1)])
+        x = bi.view(ng, group_size, hkv, nsel).permute(2, 0, 1, 3).reshape(hkv, ng, group_size * nsel)
+    x = torch.where(x < 0, big, x).sort(-1).values
+    dup = torch.zeros_like(x, dtype=torch.bool)
+    dup[..., 1:] = x[..., 1:] == x[..., :-1]
+    x = torch.where(dup, big, x).sort(-1).values
+    width = _pow2(x.shape[-1], 1)
+    if width > x.shape[-1]:
+        x = torch.cat([x, x.new_full((*x.shape[:-1], width - x.shape[-1]), big)], -1)
+    return x.transpose(0, 1).contiguous()
 
 
 def check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices) -> None:

@@ -1,0 +1,362 @@
+"""`ssv` command line: bad input gives exit code 2 and a specific message; happy paths print JSON.
+
+Error cases run on a tiny random Hugging Face Llama checkpoint written here (context 64, word-level
+tokenizer) so they are fast; happy paths run the default model (loaded once per session).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ssv.cli as cli
+from ssv.cli import main
+from ssv.engine.generate import generate_ar, perplexity
+from ssv.engine.runner import Runner
+from ssv.spec.accept import SamplingParams
+
+WORDS = ("the a cat dog sat on mat and ran to house big small red blue green it is was very "
+         "user assistant hello world").split()
+TINY_CONTEXT = 64
+
+
+def fresh_seed() -> int:
+    return random.SystemRandom().randrange(2**31)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A random Llama in Hugging Face layout with max_position_embeddings 64 and a word-level tokenizer."""
+    import tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_hf")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    t.add_special_tokens(["<unk>", "<s>", "</s>"])
+    t.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
+        "chat_template": "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}assistant {% endif %}"}))
+    torch.manual_seed(fresh_seed())
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_CONTEXT,
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(str(folder))
+    return folder
+
+
+def words_file(folder: Path, n: int, name: str = "prompt.txt") -> Path:
+    rng = random.Random(fresh_seed())
+    p = folder / name
+    p.write_text(" ".join(rng.choice(WORDS[:-4]) for _ in range(n)), encoding="utf-8")
+    return p
+
+
+def fails(argv, capsys, *patterns):
+    """main(argv) must exit with code 2, print nothing on stdout and `ssv: error: ...` naming every pattern."""
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    assert e.value.code == 2, e.value.code
+    out, err = capsys.readouterr()
+    assert out == "", out
+    assert "Traceback" not in err
+    for p in patterns:
+        assert p in err, f"{p!r} not in {err!r}"
+    return err
+
+
+def succeeds(argv, capsys):
+    assert main([str(a) for a in argv]) == 0
+    return capsys.readouterr()
+
+
+@pytest.fixture
+def fast_default(monkeypatch, default_model):
+    """Route `--model default` (cpu, fp32) to the session's already-loaded default model."""
+    real = cli.load_model
+    calls = []
+
+    def load(spec, device, dtype=None, progress=True):
+        calls.append(spec)
+        if spec == "default" and device == "cpu" and dtype in (None, "float32"):
+            return default_model
+        return real(spec, device, dtype, progress)
+
+    monkeypatch.setattr(cli, "load_model", load)
+    return calls
+
+
+# ============================================================================ bad input: generate
+def test_missing_model_path(capsys, tmp_path):
+    missing = tmp_path / "no" / "such" / "model"
+    fails(["generate", "--model", missing, "--prompt", "hi"], capsys, "checkpoint path does not exist", str(missing))
+    fails(["ppl", "--model", missing, "--file", words_file(tmp_path, 10), "--context", 4], capsys,
+          "checkpoint path does not exist")
+    not_gguf = tmp_path / "weights.bin"
+    not_gguf.write_bytes(b"\0" * 16)
+    fails(["generate", "--model", not_gguf, "--prompt", "hi"], capsys, "is a file but not a .gguf")
+
+
+def test_prompt_longer_than_context(capsys, tiny_ckpt, tmp_path):
+    big = words_file(tmp_path, 5000)
+    fails(["generate", "--model", tiny_ckpt, "--prompt-file", big, "--no-chat"], capsys,
+          "prompt of 5000 tokens leaves no room in the context limit of 64 tokens")
+    # exactly at the limit: no room left for the next token either
+    fails(["generate", "--model", tiny_ckpt, "--prompt-file", words_file(tmp_path, 64), "--no-chat"], capsys,
+          "prompt of 64 tokens leaves no room in the context limit of 64 tokens")
+    # one less fits: one token is generated, then the context stops generation
+    out, _ = succeeds(["generate", "--model", tiny_ckpt, "--prompt-file", words_file(tmp_path, 63), "--no-chat",
+                       "--json", "--max-new-tokens", 5], capsys)
+    res = json.loads(out)
+    assert len(res["token_ids"]) == 1 and res["stats"]["prompt_tokens"] == 63
+    assert res["stats"]["stop"] in ("context", "eos")
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", " \n\t "])
+def test_empty_prompt(capsys, tiny_ckpt, tmp_path, prompt):
+    fails(["generate", "--model", tiny_ckpt, "--prompt", prompt], capsys, "empty prompt")
+    f = tmp_path / "empty.txt"
+    f.write_text(prompt, encoding="utf-8")
+    fails(["generate", "--model", tiny_ckpt, "--prompt-file", f], capsys, "empty prompt")
+
+
+def test_prompt_sources(capsys, tiny_ckpt, tmp_path):
+    f = words_file(tmp_path, 5)
+    fails(["generate", "--model", tiny_ckpt, "--prompt", "the cat", "--prompt-file", f], capsys,
+          "give either --prompt or --prompt-file, not both")
+    missing = tmp_path / "nope.txt"
+    fails(["generate", "--model", tiny_ckpt, "--prompt-file", missing], capsys, "prompt file not found", str(missing))
+    fails(["generate", "--model", tiny_ckpt], capsys, "no prompt: give --prompt TEXT or --prompt-file F")
+
+
+@pytest.mark.parametrize("value", ["-0.5", "-1e-9", "nan", "inf"])
+def test_bad_temperature(capsys, value):
+    # rejected before any model is loaded (the model path does not exist)
+    fails(["generate", "--model", "/nonexistent", "--prompt", "hi", f"--temperature={value}"], capsys,
+          "temperature must be a finite number >= 0")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
+def test_bad_top_p(capsys, value):
+    fails(["generate", "--model", "/nonexistent", "--prompt", "hi", f"--top-p={value}"], capsys,
+          "top_p must be in (0, 1]")
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_bad_max_new_tokens(capsys, value):
+    fails(["generate", "--model", "/nonexistent", "--prompt", "hi", f"--max-new-tokens={value}"], capsys,
+          f"--max-new-tokens must be >= 1, got {value}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda(capsys, tiny_ckpt, tmp_path):
+    fails(["generate", "--model", tiny_ckpt, "--prompt", "hi", "--device", "cuda"], capsys,
+          "--device cuda requested but no CUDA device is available")
+    fails(["ppl", "--model", tiny_ckpt, "--file", words_file(tmp_path, 100), "--context", 32, "--device", "cuda"],
+          capsys, "--device cuda requested but no CUDA device is available")
+
+
+def test_argparse_rejections(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--attention", "sparse", "--prompt", "hi"])
+    assert e.value.code == 2 and "invalid choice: 'sparse'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--max-new-tokens", "ten", "--prompt", "hi"])
+    assert e.value.code == 2 and "invalid int value: 'ten'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["ppl"])
+    assert e.value.code == 2 and "--file" in capsys.readouterr().err
+
+
+# ============================================================================ bad input: ppl
+def test_ppl_bad_input(capsys, tiny_ckpt, tmp_path):
+    missing = tmp_path / "missing.txt"
+    fails(["ppl", "--model", tiny_ckpt, "--file", missing], capsys, "text file not found", str(missing))
+    short = words_file(tmp_path, 20, "short.txt")
+    fails(["ppl", "--model", tiny_ckpt, "--file", short, "--context", 32], capsys,
+          "short.txt has 20 tokens, fewer than --context 32")
+    fails(["ppl", "--model", tiny_ckpt, "--file", short, "--context", 1], capsys, "--context must be >= 2, got 1")
+    long = words_file(tmp_path, 300, "long.txt")
+    fails(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 100], capsys,
+          "100 tokens exceed the context limit of 64")
+    fails(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 32, "--score-from", 32], capsys,
+          "score_from must be in [1, 31], got 32")
+    # and a valid call on the same model works
+    out, _ = succeeds(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 64, "--json"], capsys)
+    res = json.loads(out)
+    assert res["tokens"] == 32 and res["context"] == 64 and math.isfinite(res["perplexity"])
+
+
+def test_ppl_default_model_file_shorter_than_default_context(capsys, fast_default, tmp_path):
+    f = tmp_path / "note.txt"
+    f.write_text("A short note, far fewer than four thousand tokens.", encoding="utf-8")
+    fails(["ppl", "--file", f], capsys, "note.txt has", "fewer than --context 4096")
+
+
+# ============================================================================ nothing left half-done
+def test_runner_usable_after_errors(tiny_model):
+    model = tiny_model(fresh_seed(), max_seq_len=64)
+    runner = Runner(model, attention="nsa", scratch=16)
+    g = torch.Generator().manual_seed(fresh_seed())
+    prompt = torch.randint(3, 97, (20,), generator=g).tolist()
+    params = SamplingParams(0.0)
+    first = generate_ar(runner, prompt, params, 8).token_ids
+    for bad in ([5] * 64, [5] * 200, []):
+        with pytest.raises(ValueError):
+            generate_ar(runner, bad, params, 8)
+    assert generate_ar(runner, prompt, params, 8).token_ids == first
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        generate_ar(runner, prompt, params, 0)
+
+    # a failed prefill in the middle of a sequence commits nothing and keeps the cache intact
+    runner.reset()
+    runner.prefill(prompt[:12])
+    snap = (runner.cache.k[:, :, :12].clone(), runner.cache.k_cmp.clone(), runner.cache.n_cmp)
+    with pytest.raises(ValueError, match="does not fit the context limit of 64 tokens"):
+        runner.prefill([7] * 60)
+    with pytest.raises(ValueError, match="empty prompt"):
+        runner.prefill([])
+    assert runner.length == 12 and runner.cache.n_cmp == snap[2]
+    assert torch.equal(runner.cache.k[:, :, :12], snap[0]) and torch.equal(runner.cache.k_cmp, snap[1])
+    last, _ = runner.prefill(prompt[12:])
+    fresh = Runner(model, attention="nsa", scratch=16)
+    want, _ = fresh.prefill(prompt)
+    torch.testing.assert_close(last, want, atol=1e-5, rtol=1e-5)
+
+    # perplexity: rejected input leaves the runner usable
+    ids = torch.randint(3, 97, (64,), generator=g).tolist()
+    ok = perplexity(runner, ids, 32)
+    with pytest.raises(ValueError, match="exceed the context limit"):
+        perplexity(runner, ids + [5], 32)
+    assert perplexity(runner, ids, 32) == ok
+
+
+def test_cli_error_then_success_in_one_process(capsys, tiny_ckpt, tmp_path):
+    fails(["generate", "--model", tiny_ckpt, "--prompt-file", words_file(tmp_path, 500), "--no-chat"], capsys,
+          "leaves no room")
+    argv = ["generate", "--model", tiny_ckpt, "--prompt", "the cat sat", "--json", "--max-new-tokens", 6,
+            "--temperature", 0.9, "--seed", 11]
+    a = json.loads(succeeds(argv, capsys).out)
+    fails(["generate", "--model", tiny_ckpt, "--prompt", "   "], capsys, "empty prompt")
+    b = json.loads(succeeds(argv, capsys).out)
+    assert a == {**b, "stats": a["stats"]} and a["token_ids"] == b["token_ids"]
+
+
+# ============================================================================ happy paths (default model)
+STATS = ("tokens_per_second", "prefill_seconds", "decode_seconds", "rounds")
+
+
+def check_generate_json(out: str, tok, attention: str, max_new: int) -> dict:
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    res = json.loads(lines[0])
+    assert res["attention"] == attention and res["mode"] == "ar"
+    ids = res["token_ids"]
+    assert isinstance(ids, list) and 1 <= len(ids) <= max_new and all(isinstance(i, int) for i in ids)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    if len(ids) < max_new:
+        assert ids[-1] in tok.eos_ids
+    assert res["text"] == tok.decode([i for i in ids if i not in tok.eos_ids])
+    s = res["stats"]
+    for k in STATS:
+        assert isinstance(s[k], (int, float)) and s[k] >= 0, (k, s)
+    assert s["rounds"] == len(ids) - 1 and s["new_tokens"] == len(ids)
+    assert s["prefill_seconds"] > 0
+    return res
+
+
+def test_generate_json_default_model_real_load(capsys, default_model):
+    # the one happy path that really loads the default model through the CLI
+    _, tok = default_model
+    out, err = succeeds(["generate", "--attention", "dense", "--prompt", "Name a primary color.", "--json",
+                         "--max-new-tokens", 6], capsys)
+    res = check_generate_json(out, tok, "dense", 6)
+    assert "loaded" not in err  # --json keeps stderr quiet
+    ids = tok.encode_chat([{"role": "user", "content": "Name a primary color."}])
+    model, _ = default_model
+    want = generate_ar(Runner(model, attention="dense", max_len=128), ids, SamplingParams(0.0), 6,
+                       stop_ids=tok.eos_ids)
+    assert res["token_ids"] == want.token_ids
+
+
+@pytest.mark.parametrize("attention", ["dense", "nsa"])
+def test_generate_json(capsys, fast_default, default_model, attention):
+    _, tok = default_model
+    prompt = random.Random(fresh_seed()).choice(["Say hello.", "What is 2+2?", "Name a fruit.", "Count to three."])
+    out, _ = succeeds(["generate", "--attention", attention, "--prompt", prompt, "--json", "--max-new-tokens", 8],
+                      capsys)
+    res = check_generate_json(out, tok, attention, 8)
+    assert fast_default == ["default"]
+    # a short prompt lies inside the default NSA window: NSA and dense generate the same tokens
+    other = "nsa" if attention == "dense" else "dense"
+    out2, _ = succeeds(["generate", "--attention", other, "--prompt", prompt, "--json", "--max-new-tokens", 8], capsys)
+    assert json.loads(out2)["token_ids"] == res["token_ids"]
+
+
+def test_generate_sampling_is_seeded(capsys, fast_default, default_model):
+    model, tok = default_model
+    argv = ["generate", "--prompt", "Tell me a story.", "--json", "--max-new-tokens", 10, "--temperature", 0.7,
+            "--seed", 3]
+    a = json.loads(succeeds(argv, capsys).out)
+    b = json.loads(succeeds(argv, capsys).out)
+    assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
+    ids = tok.encode_chat([{"role": "user", "content": "Tell me a story."}])
+    want = generate_ar(Runner(model, attention="nsa", max_len=128), ids, SamplingParams(0.7), 10, seed=3,
+                       stop_ids=tok.eos_ids)
+    assert a["token_ids"] == want.token_ids
+
+
+def test_generate_text_output(capsys, fast_default):
+    out, err = succeeds(["generate", "--prompt", "Say hi.", "--max-new-tokens", 4], capsys)
+    assert out.endswith("\n") and not out.lstrip().startswith("{")
+    assert "tokens" in err and "tok/s decode" in err and "rounds" in err
+
+
+@pytest.mark.parametrize("attention", ["dense", "nsa"])
+def test_ppl_json_default_model(capsys, fast_default, default_model, tmp_path, attention):
+    import inspect
+    import typing
+
+    model, tok = default_model
+    f = tmp_path / "typing_part.py"
+    f.write_text(inspect.getsource(typing)[:6000], encoding="utf-8")
+    out, _ = succeeds(["ppl", "--attention", attention, "--file", f, "--context", 192, "--json"], capsys)
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    res = json.loads(lines[0])
+    assert res["tokens"] == 96 and res["context"] == 192 and res["score_from"] == 96
+    assert res["attention"] == attention and res["file"] == "typing_part.py"
+    assert ("gating" in res) == (attention == "nsa")
+    assert 1.0 < res["perplexity"] < 100.0  # real Python source under a real model
+    ids = tok.encode(f.read_text(encoding="utf-8"))[:192]
+    want = perplexity(Runner(model, attention=attention, max_len=192, scratch=8), ids, 96)
+    assert res["perplexity"] == pytest.approx(want["perplexity"], rel=1e-6)
+
+
+# ============================================================================ entry points
+def test_python_dash_m_ssv(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    missing = tmp_path / "absent"
+    p = subprocess.run([sys.executable, "-m", "ssv", "generate", "--model", str(missing), "--prompt", "hi"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p
+    assert f"ssv: error: checkpoint path does not exist: {missing}" in p.stderr and p.stdout == ""
+    p = subprocess.run([sys.executable, "-m", "ssv", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "generate" in p.stdout and "ppl" in p.stdout
+    script = shutil.which("ssv", path=str(Path(sys.executable).parent))
+    if script:
+        p = subprocess.run([script, "ppl", "--help"], capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0 and "--context" in p.stdout
