@@ -170,12 +170,6 @@ def test_runner_triton_backend_matches_reference():
     assert rel_err(outs["reference", (True, False, False)], outs["reference", None]) > 0  # reuse changes routing
 
 
-@pytest.mark.parametrize("bad, msg", [
-    (dict(D=24), "head dim"),
-    (dict(G=17), "GQA group size"),
-    (dict(C=3), "group size C"),
-    (dict(N=129), "verification queries"),
-])
 def test_group_union():
     from ssv.ops.nsa.verify import group_union
     gen = torch.Generator().manual_seed(0)
@@ -192,6 +186,12 @@ def test_group_union():
                     assert got == want
 
 
+@pytest.mark.parametrize("bad, msg", [
+    (dict(D=24), "head dim"),
+    (dict(G=17), "GQA group size"),
+    (dict(C=3), "group size C"),
+    (dict(N=129), "verification queries"),
+])
 def test_verify_rejects_unsupported_shapes(bad, msg):
     p = dict(D=16, G=2, C=2, N=5)
     p.update(bad)
