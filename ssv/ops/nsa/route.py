@@ -50,8 +50,7 @@ def nsa_route_lse_fwd_kernel(
     b_a = tl.zeros([BM, D], tl.float32)
     i_lo = i_s * BPS
     i_hi = tl.minimum(i_lo + BPS, NBPRE)
-    i0 = i_lo
-    while i0 < i_hi:
+    for i0 in range(i_lo, i_hi, BC):
         o_i = i0 + tl.arange(0, BC)
         m_i = o_i < i_hi
         b_s, p_k = _cmp_scores(b_q, kc + i_h * s_kh, o_i, m_i, o_d, s_kb)
@@ -65,7 +64,6 @@ def nsa_route_lse_fwd_kernel(
             b_v = tl.load(vc + i_h * s_kh + p_k, mask=m_i[:, None], other=0.0)
             b_a = b_a * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
         b_m = b_mn
-        i0 += BC
     if i_s == 0:
         # path-specific blocks: each query has its own (at most NBP, `npath` of them complete)
         b_np = tl.load(npath + o_qi, mask=m_r, other=0)
@@ -96,7 +94,7 @@ def nsa_route_imp_fwd_kernel(
     N, NBPRE, NBP, BPS, NSPLIT, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_sn, s_sh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr,
+    WANT_O: tl.constexpr, CRP: tl.constexpr,
 ):
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_r = tl.arange(0, BM)
@@ -128,19 +126,20 @@ def nsa_route_imp_fwd_kernel(
         if WANT_O:
             b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
             tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    o_cc = tl.arange(0, CRP)
+    o_qc64 = (i_g * CR + o_cc).to(tl.int64)
+    m_c = (o_cc < CR) & (o_qc64 < N)
+    b_sel = ((o_c[None, :] == o_cc[:, None]) & m_r[None, :]).to(tl.float32)   # [CRP, BM]
     i_lo = i_s * BPS
     i_hi = tl.minimum(i_lo + BPS, NBPRE)
-    i0 = i_lo
-    while i0 < i_hi:
+    for i0 in range(i_lo, i_hi, BC):
         o_i = i0 + tl.arange(0, BC)
         m_i = o_i < i_hi
         b_s, p_k = _cmp_scores(b_q, kc + i_h * s_kh, o_i, m_i, o_d, s_kb)
         b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)
-        for c in tl.static_range(CR):
-            b_ps = tl.sum(tl.where((o_c == c)[:, None], b_p, 0.0), 0)
-            qi = i_g * CR + c
-            tl.store(psum + qi.to(tl.int64) * s_sn + i_h * s_sh + o_i, b_ps, mask=m_i & (qi < N))
-        i0 += BC
+        # sum each query's G rows with one product by the row -> query selector [CRP, BM]
+        b_ps = tl.dot(b_sel, b_p, input_precision="ieee")
+        tl.store(psum + o_qc64[:, None] * s_sn + i_h * s_sh + o_i[None, :], b_ps, mask=m_c[:, None] & m_i[None, :])
     if i_s == 0:
         b_np = tl.load(npath + o_qi, mask=m_r, other=0)
         for b in range(0, NBP):
@@ -149,10 +148,8 @@ def nsa_route_imp_fwd_kernel(
             b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
             b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)
             b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
-            for c in tl.static_range(CR):
-                b_ps = tl.sum(tl.where(o_c == c, b_p, 0.0), 0)
-                qi = i_g * CR + c
-                tl.store(psum + qi.to(tl.int64) * s_sn + i_h * s_sh + NBPRE + b, b_ps, mask=qi < N)
+            b_ps = tl.sum(tl.where(b_sel > 0, b_p[None, :], 0.0), 1)
+            tl.store(psum + o_qc64 * s_sn + i_h * s_sh + NBPRE + b, b_ps, mask=m_c)
 
 
 @triton.jit
@@ -246,7 +243,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     nsa_route_imp_fwd_kernel[(ngr, hkv, n_split)](
         q, k_cmp, kp, npath, m_part, l_part, a_part, psum, o_cmp, lse, n, nbpre, nbp, bps, n_split,
         float(scale), q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0),
-        kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), **common)
+        kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), CRP=_pow2(cr), **common)
     imp = torch.empty(n, hkv, nbs, **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     nsa_route_topk_fwd_kernel[(n, hkv)](
