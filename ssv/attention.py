@@ -104,8 +104,7 @@ class NSAPlan:
         if reuse is None:
             self._indices = idx
         if self.record is not None:
-            self.record.append({"layer": layer, "prefix_len": m.prefix_len, "positions": m.positions.cpu(),
-                                "block_indices": idx.cpu()})
+            self.record.append(_record(layer, m, idx))
         return out.o.to(q.dtype)
 
 
@@ -146,11 +145,16 @@ class TritonNSAPlan:
             if refresh:
                 self._indices = idx
                 if self.record is not None:
-                    self.record.append({"layer": layer, "prefix_len": m.prefix_len,
-                                        "positions": m.positions.cpu(), "block_indices": idx.cpu()})
+                    self.record.append(_record(layer, m, idx))
         o, _, _ = nsa_verify(q, k, v, m.prefix_len, m.positions, self.tmask, self._indices, cfg.slc_block,
                              cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp)
         return o
+
+
+def _record(layer: int, m: StepMeta, idx: torch.Tensor) -> dict:
+    """One routing record (ssv generate --record-routing): enough to replay the step's kernel inputs."""
+    return {"layer": layer, "prefix_len": m.prefix_len, "positions": m.positions.cpu(),
+            "tree_mask": m.tree_mask.cpu(), "block_indices": idx.cpu()}
 
 
 def _same_blocks(a: Optional[NSAConfig], b: NSAConfig) -> bool:

@@ -101,7 +101,7 @@ def overlap_of(idx):
     return sum(vals) / max(1, len(vals))
 
 
-def bench_graph(fn, reps: int = 50):
+def bench_graph(fn, reps: int = 30):
     """Median time (ms) of fn replayed from a CUDA graph, timed with CUDA events."""
     import triton.testing
     try:
@@ -222,6 +222,55 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
     return rows
 
 
+def trace_rounds(path: str, max_rounds: int = 3, layers=None):
+    """Routing recorded by `ssv generate --record-routing`: overlap by layer over every verification
+    step with several queries, and up to `max_rounds` steps' (positions, mask, selections) per layer."""
+    rec = torch.load(path, weights_only=False)["records"]
+    steps = [r for r in rec if r["positions"].numel() > 1 and r["positions"].numel() <= 128
+             and int(r["positions"].min()) >= r["prefix_len"]]
+    by_layer = {}
+    for r in steps:
+        by_layer.setdefault(r["layer"], []).append(overlap_of(r["block_indices"]))
+    overlap = {lay: sum(v) / len(v) for lay, v in sorted(by_layer.items())}
+    prefixes = sorted({r["prefix_len"] for r in steps})
+    chosen = set(prefixes[-max_rounds:])  # the longest contexts
+    picks = [r for r in steps if r["prefix_len"] in chosen and (layers is None or r["layer"] in layers)]
+    return overlap, picks
+
+
+def run_traces(path, fla=None):
+    """Kernel rows on real selections (default model shape): naive vs SSV exact/approx per recorded step."""
+    from ssv.ops.nsa.verify import nsa_verify
+    cfg = NSAConfig()
+    hq, hkv, d = SHAPES["smollm2-135m"]
+    overlap, picks = trace_rounds(path, layers={0, 10, 20, 29})
+    rows = []
+    for r in picks:
+        T, pos, mask, idx = r["prefix_len"], r["positions"].cuda(), r["tree_mask"].cuda(), r["block_indices"].cuda()
+        n = pos.numel()
+        k = torch.randn(8, hkv, T + n, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
+        it = [0]
+
+        def verify(C, approx):
+            def f():
+                it[0] = (it[0] + 1) % 8
+                nsa_verify(q, k[it[0]], v[it[0]], T, pos, mask, idx, cfg.slc_block, cfg.window, group_size=C,
+                           approx=approx)
+            return f
+        ub = unique_bytes(idx.cpu(), pos.cpu(), T, n, cfg, d, 2)
+        base = None
+        for method, C, approx in (("naive (C=1)", 1, False), ("ssv exact", 4, False), ("ssv exact", 16, False),
+                                  ("ssv approx", 4, True), ("ssv approx", 16, True)):
+            ms, how = bench_graph(verify(C, approx))
+            base = base or ms
+            rows.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
+                             method=method, C=C, ms=ms, timing=how, unique_bytes=ub, tbps=ub / ms / 1e9,
+                             x_vs_naive=base / ms, overlap=overlap_of(r["block_indices"])))
+    return overlap, rows
+
+
 def environment() -> dict:
     import triton
     try:
@@ -249,6 +298,7 @@ def add_args(p):
     p.add_argument("--traces", help="routing recorded by `ssv generate --record-routing` (real selections)")
     p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=int, default=30, help="milliseconds of graph replays per timing")
 
 
 def cmd_bench_kernels(args) -> int:
@@ -277,6 +327,15 @@ def cmd_bench_kernels(args) -> int:
                     json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
     print_table(rows, env)
     plot(rows, os.path.join(args.out, "kernels.png"))
+    if args.traces:
+        overlap, trows = run_traces(args.traces)
+        with open(os.path.join(args.out, "kernels-traces.json"), "w") as f:
+            json.dump({"env": env, "overlap_by_layer": overlap, "rows": trows}, f, indent=1)
+        print("# real routing: adjacent-query overlap by layer (Jaccard):",
+              " ".join(f"{k}:{v:.2f}" for k, v in overlap.items()))
+        for r in trows:
+            print(f"layer {r['layer']:2d} ctx {r['context']:6d} N {r['tree']:3d} {r['method']:12s} C={r['C']:2d} "
+                  f"{r['ms']:.4f} ms  x naive {r['x_vs_naive']:.2f}  overlap {r['overlap']:.2f}")
     return 0
 
 
