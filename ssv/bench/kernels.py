@@ -298,6 +298,7 @@ def add_args(p):
     p.add_argument("--traces", help="routing recorded by `ssv generate --record-routing` (real selections)")
     p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traces-only", action="store_true", help="only the real-routing rows (needs --traces)")
     p.add_argument("--reps", type=int, default=30, help="milliseconds of graph replays per timing")
 
 
@@ -315,7 +316,7 @@ def cmd_bench_kernels(args) -> int:
     env["copy_tbps"] = copy_bandwidth()
     rows = []
     os.makedirs(args.out, exist_ok=True)
-    for shape in args.shapes:
+    for shape in ([] if args.traces_only else args.shapes):
         for T in args.contexts:
             for N in args.trees:
                 for r in run_case(shape, T, N, cfg, args.overlap, gen, fla):
@@ -325,8 +326,9 @@ def cmd_bench_kernels(args) -> int:
                 # written after every case so a run stopped at a time limit keeps what it measured
                 with open(os.path.join(args.out, "kernels.json"), "w") as f:
                     json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
-    print_table(rows, env)
-    plot(rows, os.path.join(args.out, "kernels.png"))
+    if rows:
+        print_table(rows, env)
+        plot(rows, os.path.join(args.out, "kernels.png"))
     if args.traces:
         overlap, trows = run_traces(args.traces)
         with open(os.path.join(args.out, "kernels-traces.json"), "w") as f:
