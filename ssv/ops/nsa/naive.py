@@ -75,7 +75,7 @@ def select_blocks(importance: torch.Tensor, pos: torch.Tensor, cfg: NSAConfig) -
     importance: [Nq, Hkv, NBs], -inf where a block is not a candidate. Returns [Nq, Hkv, n], ascending, -1 padded.
     """
     nq, hkv, nbs = importance.shape
-    j = torch.arange(nbs)
+    j = torch.arange(nbs, device=importance.device)
     cur = (pos // cfg.slc_block)[:, None]                                 # [Nq, 1]
     forced = (j[None] > cur - cfg.forced_local) & (j[None] <= cur)
     if cfg.forced_first:
@@ -141,7 +141,9 @@ def nsa_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int
     l, st, ls = cfg.cmp_block, cfg.cmp_stride, cfg.slc_block
     qf = q.float()
     kf, vf = k[:, : P + n].float(), v[:, : P + n].float()
-    pos_slot = torch.cat([torch.arange(P), positions.long()])             # [P+N] position of each key slot
+    dev = q.device
+    positions, tree_mask = positions.to(dev), tree_mask.to(dev)
+    pos_slot = torch.cat([torch.arange(P, device=dev), positions.long()])             # [P+N] position of each key slot
     max_pos = int(positions.max())
 
     # compressed blocks: the prefix's are shared, later ones are summed over each query's own path
@@ -151,14 +153,14 @@ def nsa_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int
         k_cmp, v_cmp = compress_mean(kf, nb_pre, cfg), compress_mean(vf, nb_pre, cfg)
     kc_pre, vc_pre = k_cmp[:, :nb_pre].float(), v_cmp[:, :nb_pre].float()
     # membership of key slots in compression blocks; path blocks only involve slots from s0 on
-    start = torch.arange(nb_all) * st
+    start = torch.arange(nb_all, device=dev) * st
     memb = (pos_slot[None] >= start[:, None]) & (pos_slot[None] < start[:, None] + l)  # [NB, P+N]
     s0 = nb_pre * st
     in_blk = memb[nb_pre:, s0:]                                             # [NBp, P+N-s0]
 
     nbs = max_pos // ls + 1
-    j = torch.arange(nbs)
-    ci = torch.arange(nb_all)
+    j = torch.arange(nbs, device=dev)
+    ci = torch.arange(nb_all, device=dev)
     # overlap[i, j]: compression block i shares a token with selection block j
     overlap = ((ci[:, None] * st < (j[None] + 1) * ls) & (ci[:, None] * st + l > j[None] * ls)).float()
 
@@ -167,7 +169,7 @@ def nsa_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int
         rows = slice(c0, min(n, c0 + chunk))
         qc = qf[rows].view(-1, hkv, g, d)                                   # [C, Hkv, G, D]
         pos = positions[rows].long()
-        vis = torch.cat([torch.ones(qc.shape[0], P, dtype=torch.bool), tree_mask[rows]], 1)  # [C, P+N]
+        vis = torch.cat([torch.ones(qc.shape[0], P, dtype=torch.bool, device=dev), tree_mask[rows]], 1)  # [C, P+N]
 
         # ---- compressed branch (standard form: it also drives routing)
         w = (vis[:, None, s0:] & in_blk[None]).float() / l                # [C, NBp, P+N-s0]
@@ -188,12 +190,12 @@ def nsa_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int
             idx = select_blocks(imp, pos, cfg)
         else:
             idx = block_indices[rows].long()
-            imp = torch.full((qc.shape[0], hkv, nbs), NEG_INF)
+            imp = torch.full((qc.shape[0], hkv, nbs), NEG_INF, device=dev)
 
         # ---- token masks on the virtual sequence
         s_tok = torch.einsum("chgd,hsd->chgs", qc, kf) * scale               # [C, Hkv, G, P+N]
         tok_blk = pos_slot // ls
-        sel = torch.zeros(qc.shape[0], hkv, nbs + 1, dtype=torch.bool)
+        sel = torch.zeros(qc.shape[0], hkv, nbs + 1, dtype=torch.bool, device=dev)
         sel.scatter_(2, torch.where(idx < 0, nbs, idx).clamp_max(nbs), True)
         in_sel = sel[:, :, tok_blk] & vis[:, None, :]                      # [C, Hkv, P+N]
         in_win = vis & (pos_slot[None] > pos[:, None] - cfg.window)         # [C, P+N]
