@@ -55,9 +55,13 @@ class KVCache:
 
     def commit_path(self, nodes: Sequence[int]) -> None:
         """Compact the accepted tree nodes (scratch offsets, root first, in path order) and commit them."""
-        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=self.k.device)
-        if idx.numel() and bool((idx[1:] <= idx[:-1]).any()):
+        nodes = [int(x) for x in nodes]
+        room = self.max_len + self.scratch - self.length
+        if any(not 0 <= x < room for x in nodes):
+            raise ValueError(f"commit_path: node offsets must lie in [0, {room}) (the scratch area), got {nodes}")
+        if any(b <= a for a, b in zip(nodes, nodes[1:])):
             raise ValueError("commit_path: nodes must be strictly increasing (parents precede children)")
+        idx = torch.tensor(nodes, dtype=torch.long, device=self.k.device)
         src = self.length + idx
         dst = self.length + torch.arange(idx.numel(), device=idx.device)
         # src >= dst elementwise and increasing, so copying in one gather never reads an overwritten slot

@@ -68,6 +68,8 @@ def cmd_generate(args) -> int:
     from ssv.spec.accept import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    if args.record_routing and not os.path.isdir(os.path.dirname(os.path.abspath(args.record_routing))):
+        raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
@@ -198,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_ppl)
+
+    from ssv.draft.train import add_train_draft_parser
+    add_train_draft_parser(sub)
 
     b = sub.add_parser("bench", help="benchmarks (CUDA)")
     bsub = b.add_subparsers(dest="bench", required=True)
