@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ssv.bench.kernels import add_args, cmd_bench_kernels
     add_args(bk)
     bk.set_defaults(func=cmd_bench_kernels)
+    bs = bsub.add_parser("spec", help="speculative decoding by context length on held-out documents")
+    from ssv.bench import spec as bench_spec
+    bench_spec.add_args(bs)
+    bs.set_defaults(func=bench_spec.cmd_bench_spec)
     return p
 
 

@@ -150,3 +150,33 @@ def test_verify_options_errors():
         VerifyOptions(group_size=3)
     with pytest.raises(ValueError, match="precision"):
         VerifyOptions(precision="loose")
+
+
+def test_bench_spec_rows_and_summary():
+    """The acceptance-by-context evaluation: strict rows reproduce `ar`, every mode reports its numbers."""
+    from ssv.bench.spec import eval_spec, summarize
+
+    model = tiny_target(6)
+    gen = torch.Generator().manual_seed(11)
+    docs = [torch.randint(0, 64, (140,), generator=gen).tolist() for _ in range(2)]
+
+    def make_runner(att):
+        return Runner(model, attention=att, nsa=NSA)
+
+    rows = []
+    for L in (60, 130):
+        for i, doc in enumerate(docs):
+            ar = generate_ar(make_runner("nsa"), doc[:L], SamplingParams(), 20)
+            d = OracleDrafter(ar.token_ids[1:], 64)
+            d.n_prompt = L
+            part = eval_spec(model, d, [doc], [L], 20, TreeSpec(5, 2, 11),
+                             which={"ssv strict", "ssv approx C16"}, make_runner=make_runner)
+            for r in part:
+                r["doc"] = i
+            rows += part
+    strict = [r for r in rows if r["mode"] == "ssv strict"]
+    assert strict and all(r["first_diff_vs_ar"] is None for r in strict)
+    assert all(r["mean_accepted_length"] > 1.5 for r in strict)
+    summ = summarize(rows)
+    assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16"}
+    assert all(s["docs"] == 2 for s in summ)

@@ -1,0 +1,148 @@
+"""`ssv bench spec`: speculative decoding by context length on held-out real documents.
+
+For each context length, each document is cut to that many tokens and continued greedily by:
+`ar` (autoregressive NSA, the 1.00x baseline), `ssv strict` (must reproduce `ar` token for token),
+`ssv approx` (shared selections and cross-layer routing reuse: its deviation from `ar` and its
+acceptance are measured, not assumed), and EAGLE-3 over dense attention (`dense`). Reported: mean
+accepted length (tokens per verify round, bonus included), acceptance by depth, tokens/s, and for
+every speculative mode the position of the first token that differs from `ar`.
+Documents: standard-library files from the draft's evaluation split (never trained on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from ssv.attention import VerifyOptions
+from ssv.engine.generate import generate_ar
+from ssv.engine.runner import Runner
+from ssv.engine.spec import SpecOptions, generate_spec
+from ssv.spec.accept import SamplingParams
+from ssv.spec.tree import TreeSpec
+
+
+def eval_documents(tok, min_tokens: int, count: int) -> list:
+    """`count` token lists of >= min_tokens each, from eval-split stdlib files concatenated in order."""
+    from ssv.draft.data import _stdlib_files, is_eval
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs, cur = [], []
+    for path in _stdlib_files():
+        rel = path.relative_to(root).as_posix()
+        if not is_eval(f"file:{rel}"):
+            continue
+        cur += tok.encode(f"# file: {rel}\n" + path.read_text(encoding="utf-8", errors="replace"))
+        if len(cur) >= min_tokens:
+            docs.append(cur[:min_tokens])
+            cur = []
+            if len(docs) == count:
+                break
+    if len(docs) < count:
+        raise ValueError(f"only {len(docs)} held-out documents of {min_tokens} tokens are available")
+    return docs
+
+
+def modes(n_layers: int, group_size: int = 4):
+    reuse = tuple(i % 2 == 0 for i in range(n_layers))
+    return {
+        "ssv strict": ("nsa", VerifyOptions(group_size, "strict")),
+        "ssv approx C16": ("nsa", VerifyOptions(16, "approx")),
+        "ssv approx C16 reuse/2": ("nsa", VerifyOptions(16, "approx", refresh=reuse)),
+        "eagle3 dense": ("dense", VerifyOptions(1, "strict")),
+    }
+
+
+def first_diff(a: list, b: list):
+    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+
+
+def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree: TreeSpec,
+              order: str = "pos", which=None, progress: bool = False, make_runner=None) -> list:
+    """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults)."""
+    make_runner = make_runner or (lambda att: Runner(model, attention=att))
+    rows = []
+    table = modes(model.cfg.n_layers)
+    for L in contexts:
+        for d, doc in enumerate(docs):
+            ids = doc[:L]
+            ar = generate_ar(make_runner("nsa"), ids, SamplingParams(), new_tokens)
+            rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
+                             tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None))
+            for name, (att, vo) in table.items():
+                if which and name not in which:
+                    continue
+                sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens,
+                                   SpecOptions(tree, order, vo))
+                st = sd.stats
+                rows.append(dict(context=L, doc=d, mode=name, mean_accepted_length=st["mean_accepted_length"],
+                                 acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
+                                 tokens_per_second=st["tokens_per_second"],
+                                 speedup_vs_ar=st["tokens_per_second"] / max(ar.stats["tokens_per_second"], 1e-9),
+                                 first_diff_vs_ar=first_diff(ar.token_ids, sd.token_ids)))
+                if progress:
+                    print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def summarize(rows: list) -> list:
+    out = []
+    for key in sorted({(r["context"], r["mode"]) for r in rows}):
+        rs = [r for r in rows if (r["context"], r["mode"]) == key]
+        diffs = [r["first_diff_vs_ar"] for r in rs]
+        out.append(dict(context=key[0], mode=key[1], docs=len(rs),
+                        mean_accepted_length=sum(r["mean_accepted_length"] for r in rs) / len(rs),
+                        tokens_per_second=sum(r["tokens_per_second"] for r in rs) / len(rs),
+                        identical_to_ar=sum(d is None for d in diffs)))
+    return out
+
+
+def add_args(p) -> None:
+    p.add_argument("--model", default="default")
+    p.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
+    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 6144])
+    p.add_argument("--docs", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--tree-depth", type=int, default=6)
+    p.add_argument("--tree-topk", type=int, default=8)
+    p.add_argument("--tree-tokens", type=int, default=48)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default="bench/results")
+
+
+def cmd_bench_spec(args) -> int:
+    from ssv.bench.kernels import environment
+    from ssv.cli import load_model
+    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+
+    model, tok = load_model(args.model, args.device)
+    p = next(model.parameters())
+    if args.draft == "default":
+        head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
+    else:
+        head, _ = load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)
+    drafter = Eagle3Drafter(head, model)
+    docs = eval_documents(tok, max(args.contexts), args.docs)
+    tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
+    rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True)
+    summary = summarize(rows)
+    env = environment() if torch.cuda.is_available() else {"device": "cpu"}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "spec.json"), "w") as f:
+        json.dump({"env": env, "args": vars(args), "summary": summary, "rows": rows}, f, indent=1)
+    print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
+    for s in summary:
+        print(f"{s['context']:8d} {s['mode']:24s} {s['docs']:4d} {s['mean_accepted_length']:6.2f} "
+              f"{s['tokens_per_second']:8.1f} {s['identical_to_ar']:6d}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ssv bench spec", description=__doc__)
+    add_args(p)
+    return cmd_bench_spec(p.parse_args(argv))
