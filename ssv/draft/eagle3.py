@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ssv.draft.config import (ARCHITECTURE, DEFAULT_WINDOW, Eagle3Config, check_compatible,  # noqa: F401
                               default_layer_ids)
-from ssv.model.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class Eagle3Attention(nn.Module):
@@ -51,17 +50,6 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
-
-
-class Eagle3MLP(nn.Module):
-    def __init__(self, c: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Eagle3Layer(nn.Module):
@@ -74,7 +62,7 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Eagle3Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = Eagle3MLP(c)
+        self.mlp = MLP(c)
 
     def qkv(self, emb: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """emb, hidden [N, hidden]; cos/sin [N, head_dim] -> q [N, Hq, D], k, v [N, Hkv, D] (RoPE'd)."""

@@ -52,6 +52,7 @@ import torch
 
 from ssv.config import ModelConfig, NSAConfig, RopeConfig
 from ssv.loaders import check_state_dict, detect_folder_kind, read_config_json, read_safetensors_folder
+from ssv.loaders.hf import _ids
 
 __all__ = ["load_fla", "config_from_fla", "fla_to_internal_name", "FLA_LAYER_DEFAULT_HEAD_DIM"]
 
@@ -104,14 +105,6 @@ def _fla_intermediate_size(cfg: dict, hidden: int) -> int:
     ratio = cfg.get("hidden_ratio") or 4
     inter = int(hidden * ratio * 2 / 3)
     return 256 * ((inter + 256 - 1) // 256)
-
-
-def _ids(value) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value if v is not None)
-    return (int(value),)
 
 
 def nsa_config_from_fla(cfg: dict, where: str = "config.json") -> NSAConfig:
