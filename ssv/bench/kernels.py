@@ -118,7 +118,7 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / ms / 1e9  # TB/s, bytes read + written
 
 
-def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=None):
+def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=None, split_sweep=()):
     from ssv.ops.nsa.naive import num_cmp_blocks
     from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
     from ssv.ops.nsa.verify import nsa_verify
@@ -151,11 +151,11 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
         it[0] = (it[0] + 1) % n_layers
         return it[0]
 
-    def verify(C, approx):
+    def verify(C, approx, n_split=None):
         def f():
             i = nxt()
             nsa_verify(q, k[i], v[i], T, pos, tmask, idx, cfg.slc_block, cfg.window, group_size=C,
-                       approx=approx, out=out)
+                       approx=approx, out=out, n_split=n_split)
         return f
 
     def route():
@@ -176,6 +176,10 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
         add("ssv exact", C, verify(C, False))
     for C in (4, 16):
         add("ssv approx", C, verify(C, True))
+    for C, S in split_sweep:
+        add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
+        if C == 1:
+            rows[-1]["method"] = f"naive (C=1), {S} KV splits"
     add("ssv routing", 0, route, nb * hkv * d * elt + N * hq * d * elt)
 
     # dense attention over the same tree (SDPA; GQA without materialising repeated K/V)
@@ -298,6 +302,8 @@ def add_args(p):
     p.add_argument("--traces", help="routing recorded by `ssv generate --record-routing` (real selections)")
     p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split-sweep", action="store_true",
+                   help="also time exact C in {1, 4, 16} with 2..16 KV splits forced (tuning the split heuristic)")
     p.add_argument("--traces-only", action="store_true", help="only the real-routing rows (needs --traces)")
     p.add_argument("--reps", type=int, default=30, help="milliseconds of graph replays per timing")
 
@@ -319,7 +325,8 @@ def cmd_bench_kernels(args) -> int:
     for shape in ([] if args.traces_only else args.shapes):
         for T in args.contexts:
             for N in args.trees:
-                for r in run_case(shape, T, N, cfg, args.overlap, gen, fla):
+                sweep = [(C, S) for C in (1, 4, 16) for S in (2, 4, 8, 16)] if args.split_sweep else []
+                for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep):
                     r["frac_of_copy_bw"] = r["tbps"] / env["copy_tbps"]
                     rows.append(r)
                 print(f"{shape} T={T} N={N} done", file=sys.stderr, flush=True)
