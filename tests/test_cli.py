@@ -360,3 +360,39 @@ def test_python_dash_m_ssv(tmp_path):
     if script:
         p = subprocess.run([script, "ppl", "--help"], capture_output=True, text=True, env=env, timeout=60)
         assert p.returncode == 0 and "--context" in p.stdout
+
+
+@pytest.fixture(scope="module")
+def random_head(tmp_path_factory, default_model):
+    """An untrained EAGLE-3 head for the default model (acceptance is low; losslessness is what counts)."""
+    from ssv.draft import Eagle3Config, Eagle3Head, save_eagle3
+
+    model, _ = default_model
+    torch.manual_seed(fresh_seed())
+    cfg = Eagle3Config.for_target(model.cfg, 512, window=64)
+    head = Eagle3Head(cfg)
+    head.set_vocab(torch.randperm(model.cfg.vocab_size)[:512])
+    folder = tmp_path_factory.mktemp("head")
+    save_eagle3(folder, head, cfg)
+    return folder
+
+
+@pytest.mark.parametrize("mode_args", [["--mode", "sd-naive"],
+                                       ["--mode", "ssv", "--group-size", "4", "--traversal", "dfs"]])
+def test_generate_speculative_modes_equal_ar(capsys, fast_default, random_head, mode_args):
+    prompt = random.Random(fresh_seed()).choice(["Say hello.", "Name three colors.", "What is rain?"])
+    base = ["generate", "--prompt", prompt, "--json", "--max-new-tokens", 10]
+    ar = json.loads(succeeds(base, capsys)[0])
+    out = json.loads(succeeds(base + mode_args + ["--draft", random_head, "--tree-tokens", 12,
+                                                  "--tree-depth", 3, "--tree-topk", 4], capsys)[0])
+    assert out["token_ids"] == ar["token_ids"]
+    st = out["stats"]
+    assert st["rounds"] >= 1 and st["mean_accepted_length"] >= 1.0 and len(st["acceptance_by_depth"]) == 3
+
+
+def test_speculative_bad_input(capsys, fast_default, random_head, tmp_path):
+    base = ["generate", "--prompt", "hi", "--max-new-tokens", 4, "--mode", "ssv"]
+    fails(base + ["--draft", tmp_path / "nope"], capsys, "nope")
+    fails(base + ["--draft", random_head, "--group-size", 3], capsys, "group size")
+    fails(base + ["--draft", random_head, "--tree-depth", 0], capsys, "depth")
+    fails(base + ["--draft", random_head, "--refresh-every", 2], capsys, "approx")
