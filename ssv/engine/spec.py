@@ -93,6 +93,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         res = accept(tree, logits, params, gen)
         root_logp = commit(runner, drafter, res, taps)
         rounds += 1
+        depth_hits += [0] * (len(res.path) - len(depth_hits))  # a drafter may exceed the spec's depth
         for d in range(1, len(res.path)):
             depth_hits[d] += 1
         new = res.tokens + [res.bonus]

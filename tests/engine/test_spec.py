@@ -180,3 +180,58 @@ def test_bench_spec_rows_and_summary():
     summ = summarize(rows)
     assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16"}
     assert all(s["docs"] == 2 for s in summ)
+
+
+class RandomTreeDrafter:
+    """Proposes random trees (duplicates allowed) whatever the context: acceptance must still be lossless."""
+
+    taps = (0, 1, 2)
+
+    def __init__(self, vocab, seed):
+        self.vocab, self.gen = vocab, torch.Generator().manual_seed(seed)
+
+    def reset(self):
+        pass
+
+    def commit(self, taps, next_tokens):
+        return torch.zeros(self.vocab)
+
+    def propose(self, root, root_logp, spec):
+        n = spec.total_tokens
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=self.gen)) for i in range(1, n)]
+        toks = [root] + torch.randint(0, self.vocab, (n - 1,), generator=self.gen).tolist()
+        return DraftTree(torch.tensor(toks), torch.tensor(parents), -torch.rand(n, generator=self.gen))
+
+
+def test_sampled_spec_matches_target_distribution():
+    """Chi-square: the first two sampled tokens of speculative decoding follow the target's exact
+    distribution (computed by enumeration), at temperature 1.3 and top-p 0.9."""
+    from scipy.stats import chisquare
+
+    from ssv.spec.accept import target_probs
+
+    vocab = 8
+    model = tiny_target(7, vocab=vocab, layers=3)
+    params = SamplingParams(temperature=1.3, top_p=0.9)
+    prompt = [1, 5, 2, 7, 3] * 8
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    last, _ = runner.prefill(prompt)
+    p1 = target_probs(last[None].float().cpu(), params)[0]
+    exact = torch.zeros(vocab, vocab)
+    for a in range(vocab):
+        if p1[a] > 0:
+            runner.reset()
+            la, _ = runner.prefill(prompt + [a])
+            exact[a] = p1[a] * target_probs(la[None].float().cpu(), params)[0]
+    drafter = RandomTreeDrafter(vocab, seed=3)
+    opts = SpecOptions(TreeSpec(3, 3, 7), "pos", VerifyOptions(4))
+    trials = 1500
+    counts = torch.zeros(vocab, vocab)
+    for s in range(trials):
+        out = generate_spec(runner, drafter, prompt, params, 2, opts, seed=1000 + s).token_ids
+        counts[out[0], out[1]] += 1
+    keep = exact.flatten() * trials >= 5  # chi-square needs expected counts of at least ~5
+    obs, exp = counts.flatten()[keep], exact.flatten()[keep] * trials
+    obs = torch.cat([obs, (trials - obs.sum()).reshape(1)])
+    exp = torch.cat([exp, (trials - exp.sum()).reshape(1)])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
