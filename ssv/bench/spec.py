@@ -112,6 +112,8 @@ def add_args(p) -> None:
     p.add_argument("--tree-topk", type=int, default=8)
     p.add_argument("--tree-tokens", type=int, default=48)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--modes", nargs="+", help="subset of: 'ssv strict', 'ssv approx C16', "
+                   "'ssv approx C16 reuse/2', 'eagle3 dense' (default: all)")
     p.add_argument("--out", default="bench/results")
 
 
@@ -129,11 +131,12 @@ def cmd_bench_spec(args) -> int:
     drafter = Eagle3Drafter(head, model)
     docs = eval_documents(tok, max(args.contexts), args.docs)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
-    rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True)
+    rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
+                     which=set(args.modes) if args.modes else None)
     summary = summarize(rows)
     env = environment() if torch.cuda.is_available() else {"device": "cpu"}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "spec.json"), "w") as f:
+    with open(os.path.join(args.out, f"spec-{args.device}.json"), "w") as f:
         json.dump({"env": env, "args": vars(args), "summary": summary, "rows": rows}, f, indent=1)
     print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
     for s in summary:
