@@ -396,3 +396,16 @@ def test_speculative_bad_input(capsys, fast_default, random_head, tmp_path):
     fails(base + ["--draft", random_head, "--group-size", 3], capsys, "group size")
     fails(base + ["--draft", random_head, "--tree-depth", 0], capsys, "depth")
     fails(base + ["--draft", random_head, "--refresh-every", 2], capsys, "approx")
+
+
+def test_shipped_head_speculates_losslessly(capsys, fast_default):
+    """The head shipped in ssv/data loads by default, accepts drafts, and keeps greedy output exact."""
+    from ssv.draft import default_head_path
+
+    if not (default_head_path() / "model.safetensors").is_file():
+        pytest.skip("no shipped head in this checkout")
+    base = ["generate", "--prompt", "Explain what a linked list is.", "--json", "--max-new-tokens", 24]
+    ar = json.loads(succeeds(base, capsys)[0])
+    out = json.loads(succeeds(base + ["--mode", "ssv", "--tree-tokens", 24], capsys)[0])
+    assert out["token_ids"] == ar["token_ids"]
+    assert out["stats"]["mean_accepted_length"] > 1.3  # a trained head, not a random one

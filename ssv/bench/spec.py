@@ -137,7 +137,8 @@ def cmd_bench_spec(args) -> int:
     env = environment() if torch.cuda.is_available() else {"device": "cpu"}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"spec-{args.device}.json"), "w") as f:
-        json.dump({"env": env, "args": vars(args), "summary": summary, "rows": rows}, f, indent=1)
+        settings = {k: v for k, v in vars(args).items() if k != "func"}
+        json.dump({"env": env, "args": settings, "summary": summary, "rows": rows}, f, indent=1)
     print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
     for s in summary:
         print(f"{s['context']:8d} {s['mode']:24s} {s['docs']:4d} {s['mean_accepted_length']:6.2f} "
