@@ -44,13 +44,10 @@ def eagle_tree(n: int, gen: torch.Generator, max_depth: int = 7):
             depth.append(depth[p] + 1)
             lvl.append(len(parents) - 1)
         levels.append(lvl)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return torch.tensor(depth), mask
+    from ssv.spec.tree import DraftTree, tree_metadata  # the one place tree masks come from
+    tree = DraftTree(torch.zeros(n, dtype=torch.long), torch.tensor(parents), torch.zeros(n))
+    meta = tree_metadata(tree, 0)
+    return meta.depth, meta.mask
 
 
 def synthetic_selection(pos: torch.Tensor, hkv: int, cfg: NSAConfig, overlap: float, gen: torch.Generator):
