@@ -71,6 +71,10 @@ class VerifyOptions:
         if self.refresh is not None and (len(self.refresh) == 0 or not self.refresh[0]):
             raise ValueError("refresh schedule must start with a refresh layer")
 
+    def refreshes(self, layer: int) -> bool:
+        """Whether `layer` recomputes routing (the schedule repeats past its length)."""
+        return self.refresh is None or bool(self.refresh[layer % len(self.refresh)])
+
 
 class NSAPlan:
     """NSA on the reference ops (the CPU path); records routing when asked."""
@@ -84,16 +88,12 @@ class NSAPlan:
         rep = torch.arange(meta.n) // self.opts.group_size * self.opts.group_size
         self._rep = rep.to(meta.positions.device)      # each query's group representative
 
-    def _refresh(self, layer: int) -> bool:
-        r = self.opts.refresh
-        return True if r is None else bool(r[layer % len(r)]) or self._indices is None
-
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
         m = self.meta
         kc = cache.k_cmp[layer] if _same_blocks(cache.nsa, self.cfg) else None
         vc = cache.v_cmp[layer] if kc is not None else None
         kw = dict(gates=gates, k_cmp=kc, v_cmp=vc)
-        reuse = None if self._refresh(layer) else self._indices
+        reuse = None if self.opts.refreshes(layer) else self._indices
         out = nsa_naive(q, cache.k[layer], cache.v[layer], m.prefix_len, m.positions, m.tree_mask, self.cfg,
                         block_indices=reuse, **kw)
         idx = out.block_indices
@@ -133,7 +133,7 @@ class TritonNSAPlan:
         m, cfg, opts = self.meta, self.cfg, self.opts
         k, v = cache.k[layer], cache.v[layer]
         gated = cfg.gating == "gated"
-        refresh = opts.refresh is None or bool(opts.refresh[layer % len(opts.refresh)]) or self._indices is None
+        refresh = opts.refreshes(layer) or self._indices is None
         o_cmp = None
         if refresh or gated:
             if not _same_blocks(cache.nsa, cfg) or cache.k_cmp.shape[2] == 0:

@@ -30,6 +30,15 @@ def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
 
 
 @triton.jit
+def _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb):
+    # scores of each row's own path-specific block b (a different key per query): [BM]
+    m_b = m_r & (b < b_np)
+    p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
+    b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
+    return tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1), m_b, p_b
+
+
+@triton.jit
 def nsa_route_lse_fwd_kernel(
     q, kc, vc, kp, vp, npath, m_out, l_out, a_out,
     N, NBPRE, NBP, BPS, scale,
@@ -68,10 +77,8 @@ def nsa_route_lse_fwd_kernel(
         # path-specific blocks: each query has its own (at most NBP, `npath` of them complete)
         b_np = tl.load(npath + o_qi, mask=m_r, other=0)
         for b in range(0, NBP):
-            m_b = m_r & (b < b_np)
-            p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
-            b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
-            b_s = tl.where(m_b, tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1), float("-inf"))
+            b_s, m_b, p_b = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
+            b_s = tl.where(m_b, b_s, float("-inf"))
             b_mn = tl.maximum(b_m, b_s)
             b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
             b_p = tl.exp2(b_s - b_ms)
@@ -143,10 +150,7 @@ def nsa_route_imp_fwd_kernel(
     if i_s == 0:
         b_np = tl.load(npath + o_qi, mask=m_r, other=0)
         for b in range(0, NBP):
-            m_b = m_r & (b < b_np)
-            p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
-            b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
-            b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)
+            b_s, m_b, _ = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
             b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
             b_ps = tl.sum(tl.where(b_sel > 0, b_p[None, :], 0.0), 1)
             tl.store(psum + o_qc64 * s_sn + i_h * s_sh + NBPRE + b, b_ps, mask=m_c)
