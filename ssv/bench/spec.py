@@ -51,6 +51,7 @@ def eval_documents(tok, min_tokens: int, count: int) -> list:
 def modes(n_layers: int, group_size: int = 4):
     reuse = tuple(i % 2 == 0 for i in range(n_layers))
     return {
+        "sd-naive": ("nsa", VerifyOptions(1, "strict")),
         "ssv strict": ("nsa", VerifyOptions(group_size, "strict")),
         "ssv approx C16": ("nsa", VerifyOptions(16, "approx")),
         "ssv approx C16 reuse/2": ("nsa", VerifyOptions(16, "approx", refresh=reuse)),
@@ -58,20 +59,30 @@ def modes(n_layers: int, group_size: int = 4):
     }
 
 
+def top2_margin(runner, ids: list) -> float:
+    """The target's top-2 logit margin after `ids` (autoregressive NSA): how close a divergence was to a tie."""
+    runner.reset()
+    logits, _ = runner.prefill(ids)
+    top = logits.float().reshape(-1)[-runner.model.cfg.vocab_size:].topk(2).values
+    return float(top[0] - top[1])
+
+
 def first_diff(a: list, b: list):
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
 
 def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree: TreeSpec,
-              order: str = "pos", which=None, progress: bool = False, make_runner=None) -> list:
-    """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults)."""
+              order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None) -> list:
+    """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults);
+    on_row(rows) after every row (the benchmark writes its JSON there, so a run cut short keeps them)."""
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     rows = []
     table = modes(model.cfg.n_layers)
     for L in contexts:
         for d, doc in enumerate(docs):
             ids = doc[:L]
-            ar = generate_ar(make_runner("nsa"), ids, SamplingParams(), new_tokens)
+            ar_runner = make_runner("nsa")
+            ar = generate_ar(ar_runner, ids, SamplingParams(), new_tokens)
             rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
                              tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None))
             for name, (att, vo) in table.items():
@@ -80,13 +91,17 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
                 sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens,
                                    SpecOptions(tree, order, vo))
                 st = sd.stats
+                diff = first_diff(ar.token_ids, sd.token_ids)
                 rows.append(dict(context=L, doc=d, mode=name, mean_accepted_length=st["mean_accepted_length"],
                                  acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
                                  tokens_per_second=st["tokens_per_second"],
                                  speedup_vs_ar=st["tokens_per_second"] / max(ar.stats["tokens_per_second"], 1e-9),
-                                 first_diff_vs_ar=first_diff(ar.token_ids, sd.token_ids)))
+                                 first_diff_vs_ar=diff,
+                                 ar_margin_at_diff=None if diff is None else top2_margin(ar_runner, ids + ar.token_ids[:diff])))
                 if progress:
                     print(rows[-1], file=sys.stderr, flush=True)
+                if on_row:
+                    on_row(rows)
     return rows
 
 
@@ -95,10 +110,13 @@ def summarize(rows: list) -> list:
     for key in sorted({(r["context"], r["mode"]) for r in rows}):
         rs = [r for r in rows if (r["context"], r["mode"]) == key]
         diffs = [r["first_diff_vs_ar"] for r in rs]
+        margins = [r.get("ar_margin_at_diff") for r in rs if r.get("ar_margin_at_diff") is not None]
         out.append(dict(context=key[0], mode=key[1], docs=len(rs),
                         mean_accepted_length=sum(r["mean_accepted_length"] for r in rs) / len(rs),
                         tokens_per_second=sum(r["tokens_per_second"] for r in rs) / len(rs),
-                        identical_to_ar=sum(d is None for d in diffs)))
+                        speedup_vs_ar=sum(r.get("speedup_vs_ar", 1.0) for r in rs) / len(rs),
+                        identical_to_ar=sum(d is None for d in diffs),
+                        max_ar_margin_at_diff=max(margins) if margins else None))
     return out
 
 
@@ -131,14 +149,20 @@ def cmd_bench_spec(args) -> int:
     drafter = Eagle3Drafter(head, model)
     docs = eval_documents(tok, max(args.contexts), args.docs)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
-    rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
-                     which=set(args.modes) if args.modes else None)
-    summary = summarize(rows)
     env = environment() if torch.cuda.is_available() else {"device": "cpu"}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"spec-{args.device}.json"), "w") as f:
-        settings = {k: v for k, v in vars(args).items() if k != "func"}
-        json.dump({"env": env, "args": settings, "summary": summary, "rows": rows}, f, indent=1)
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+
+    def save(rows):
+        tmp = os.path.join(args.out, f".spec-{args.device}.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"env": env, "args": settings, "summary": summarize(rows), "rows": rows}, f, indent=1)
+        os.replace(tmp, os.path.join(args.out, f"spec-{args.device}.json"))
+
+    rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
+                     which=set(args.modes) if args.modes else None, on_row=save)
+    save(rows)
+    summary = summarize(rows)
     print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
     for s in summary:
         print(f"{s['context']:8d} {s['mode']:24s} {s['docs']:4d} {s['mean_accepted_length']:6.2f} "

@@ -170,6 +170,39 @@ def read_prompts(path) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def raw_documents(tokenizer, split: str, seq_len: int, max_tokens: int, min_len: int = 128) -> List[List[int]]:
+    """Plain stdlib source files of one side of the split, as `seq_len`-token pieces (at most
+    `max_tokens` in all), in the format `ssv bench spec` continues: "# file: <path>" + the source.
+
+    No chat template and no generation: the target's own soft distribution over every token is the
+    label (loss on all tokens), so the head also learns to continue long documents, which chat
+    answers alone do not teach. Files are taken in a hash order so a token cap samples the stdlib.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [(path, path.relative_to(root).as_posix()) for path in _stdlib_files()]
+    files = [(p, rel) for p, rel in files if is_eval(f"file:{rel}") == (split == "eval")]
+    files.sort(key=lambda f: (_h("raw:" + f[1]), f[1]))
+    out, total, min_len = [], 0, min(min_len, seq_len)
+    for path, rel in files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        ids = tokenizer.encode(f"# file: {rel}\n" + text)
+        for i in range(0, len(ids), seq_len):
+            piece = ids[i:i + seq_len]
+            if len(piece) < min_len:
+                continue
+            piece = piece[: max_tokens - total]
+            out.append(piece)
+            total += len(piece)
+            if total >= max_tokens:
+                return out
+    return out
+
+
 def chat_ids(tokenizer, prompt: dict, max_prompt_tokens: int) -> List[int]:
     """The chat-formatted prompt ids (the user text is cut so the prompt fits max_prompt_tokens)."""
     text = prompt["text"]

@@ -73,6 +73,20 @@ def generate_split(data_dir: Path, split: str, prompts: Sequence[dict], teacher,
     return True
 
 
+def write_raw_split(data_dir: Path, split: str, pieces: Sequence[Sequence[int]], shard: int = 256) -> None:
+    """Document pieces (no generation; every token is a loss position) as `<split>_raw_<i>.pt` shards,
+    which `load_split` reads with the generated ones; `<split>_raw.done` marks them complete."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if (data_dir / f"{split}_raw.done").exists():
+        return
+    for b in range(0, len(pieces), shard):
+        seqs = [list(p) for p in pieces[b:b + shard]]
+        _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),
+                      "prompt_len": [0] * len(seqs), "prompt_id": [f"raw:{split}:{b + i}" for i in range(len(seqs))],
+                      "sampled": False}, data_dir / f"{split}_raw_{b // shard:05d}.pt")
+    (data_dir / f"{split}_raw.done").write_text(f"{len(pieces)}\n")
+
+
 def _generate(teacher, prompts, max_new_tokens, eos, **kw):
     """teacher.generate, halving the batch on CUDA out-of-memory."""
     try:
@@ -90,6 +104,8 @@ def load_split(data_dir: Path, split: str) -> List[dict]:
     """[{"ids": LongTensor, "prompt_len": int}] of a generated split, in shard order."""
     if not (data_dir / f"{split}.done").exists():
         raise FileNotFoundError(f"{data_dir}: the {split} data has not been generated yet")
+    if any(data_dir.glob(f"{split}_raw_*.pt")) and not (data_dir / f"{split}_raw.done").exists():
+        raise FileNotFoundError(f"{data_dir}: the {split} document pieces are incomplete")
     out = []
     for path in sorted(data_dir.glob(f"{split}_*.pt")):
         shard = torch.load(path, weights_only=True)

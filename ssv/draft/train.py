@@ -4,6 +4,8 @@ Stages, all cached in --run-dir so a run stopped by --time-budget resumes where 
 same command is run again (exit status 75 = stopped early, run again; 0 = finished):
   1. prompts (data.py; hash split)       -> prompts_train.jsonl, eval_prompts.jsonl
   2. the target's answers (gen.py)       -> data/{eval,train}_*.pt
+     (+ with --raw-tokens: plain stdlib source pieces, labelled by the target online
+                                         -> data/{eval,train}_raw_*.pt)
   3. the draft vocabulary (vocab.py)     -> vocab.pt (the --draft-vocab most frequent answer tokens)
   4. TTT training (ttt.py), the target recomputing tapped features + logits online for each batch
                                          -> state.pt (every --save-every steps and at the budget),
@@ -25,10 +27,11 @@ from pathlib import Path
 EXIT_RESUME = 75  # EX_TEMPFAIL: stopped by --time-budget, run the same command again
 SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens=160, gen_batch=4,
              sources="topics", seq_len=256, ttt_steps=2, epochs=100, max_steps=4, batch_tokens=512,
-             save_every=2, eval_every=0, warmup=1, log_every=1)
+             save_every=2, eval_every=0, warmup=1, log_every=1, raw_tokens=512, raw_eval_tokens=256)
 # parameters that change the data or the head: a resumed run must keep them
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
-            "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt")
+            "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
+            "raw_tokens", "raw_eval_tokens")
 
 
 def add_train_draft_parser(subparsers):
@@ -55,6 +58,10 @@ def add_train_draft_parser(subparsers):
     g.add_argument("--teacher-backend", default="hf", choices=("hf", "ssv"))
     g.add_argument("--teacher-attention", default="dense", choices=("dense", "nsa"), help="for --teacher-backend ssv")
     g.add_argument("--loss-on-prompt", action="store_true", help="also distil on prompt tokens")
+    g.add_argument("--raw-tokens", type=int, default=0,
+                   help="also train on this many tokens of plain stdlib source (train-split files, no chat "
+                        "template, the target's soft labels on every token): long-document continuation")
+    g.add_argument("--raw-eval-tokens", type=int, default=0, help="held-out plain-source tokens in the eval set")
     h = p.add_argument_group("head and training")
     h.add_argument("--draft-vocab", type=int, default=8192)
     h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
@@ -111,6 +118,9 @@ def cmd_train_draft(args) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but no CUDA device is available")
+    for name in ("raw_tokens", "raw_eval_tokens"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("num_prompts", "seq_len", "ttt_steps", "draft_vocab", "window", "batch_tokens", "gen_batch",
                  "max_new_tokens", "max_prompt_tokens"):
         if getattr(args, name) < 1:
@@ -153,6 +163,11 @@ def cmd_train_draft(args) -> int:
         if not gen.generate_split(run / "data", split, data.read_prompts(run / name), teacher, ck.tokenizer, **gkw):
             _log(run, f"stopped by --time-budget; run the same command again to resume (exit {EXIT_RESUME})")
             return EXIT_RESUME
+    for split, n in (("eval", args.raw_eval_tokens), ("train", args.raw_tokens)):
+        if n and not (run / "data" / f"{split}_raw.done").exists():
+            pieces = data.raw_documents(ck.tokenizer, split, args.seq_len, n)
+            gen.write_raw_split(run / "data", split, pieces)
+            _log(run, f"{split}: {len(pieces)} plain-source pieces, {sum(map(len, pieces))} tokens")
     from ssv.draft.loop import train_loop
 
     return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m))

@@ -79,9 +79,45 @@ def test_prompt_split_is_clean_and_deterministic(tmp_path):
     assert data.eval_prompts(path=tmp_path / "e.jsonl") == ev[:3]
 
 
+def test_raw_documents_split_cap_and_shards(tmp_path):
+    class tok:  # noqa: N801 -- invertible stand-in tokenizer
+        encode = staticmethod(lambda text: [ord(c) for c in text])
+
+    tr = data.raw_documents(tok, "train", seq_len=64, max_tokens=1000)
+    ev = data.raw_documents(tok, "eval", seq_len=64, max_tokens=1000, min_len=16)
+    assert sum(map(len, tr)) == 1000 and sum(map(len, ev)) == 1000
+    assert all(16 <= len(p) <= 64 for p in ev) and max(map(len, tr)) == 64
+    assert tr == data.raw_documents(tok, "train", seq_len=64, max_tokens=1000)   # deterministic
+    # the two sides come from different files (the first piece of each file names it)
+    def names(ps):
+        text = "".join(chr(c) for p in ps for c in p)
+        return {line for line in text.splitlines() if line.startswith("# file: ")}
+    assert names(tr) and names(ev) and not names(tr) & names(ev)
+    gen.write_raw_split(tmp_path, "train", tr, shard=7)
+    (tmp_path / "train.done").write_text("0\n")
+    back = gen.load_split(tmp_path, "train")
+    assert [s["ids"].tolist() for s in back] == tr and all(s["prompt_len"] == 0 for s in back)
+    ids, lengths, valid = gen.collate(back[:2])
+    assert valid[0, :63].all() and not valid[0, 63]   # every position has a next-token label
+    (tmp_path / "train_raw.done").unlink()
+    try:
+        gen.load_split(tmp_path, "train")
+        raise AssertionError("incomplete pieces were loaded")
+    except FileNotFoundError as e:
+        assert "incomplete" in str(e)
+    try:
+        data.raw_documents(tok, "test", 64, 10)
+        raise AssertionError("bad split accepted")
+    except ValueError as e:
+        assert "split" in str(e)
+
+
 class _CharTok:
     """Stand-in tokenizer: one id per character."""
     eos_ids = (2,)
+
+    def encode(self, text):
+        return [3 + ord(c) % 70 for c in text]
 
     def encode_chat(self, messages, add_generation_prompt=True):
         return [1] + [3 + ord(c) % 70 for c in messages[-1]["content"]] + [2, 1]
@@ -98,10 +134,13 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     common = ["--run-dir", str(run), "--device", "cpu", "--num-prompts", "6", "--eval-prompts", "2",
               "--sources", "topics", "--max-prompt-tokens", "24", "--max-new-tokens", "8", "--gen-batch", "4",
               "--seq-len", "40", "--draft-vocab", "30", "--window", "16", "--ttt-steps", "2", "--epochs", "3",
-              "--batch-tokens", "80", "--warmup", "1", "--save-every", "2", "--eval-every", "3", "--log-every", "1"]
+              "--batch-tokens", "80", "--warmup", "1", "--save-every", "2", "--eval-every", "3",
+              "--raw-tokens", "200", "--raw-eval-tokens", "80", "--log-every", "1"]
     assert main(common + ["--time-budget", "1e-9"]) == EXIT_RESUME   # stops before generating anything
     assert not (run / "data" / "train.done").exists()
     assert main(common + ["--max-steps", "3"]) == 0
+    raw = [s for s in gen.load_split(run / "data", "train") if s["prompt_len"] == 0]
+    assert sum(s["ids"].numel() for s in raw) == 200   # the plain-source pieces train beside the answers
     st = torch.load(run / "state.pt", weights_only=False)
     assert st["step"] == 3
     assert main(common + ["--max-steps", "5", "--export", str(out)]) == 0      # resumes from step 3

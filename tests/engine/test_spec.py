@@ -177,6 +177,10 @@ def test_bench_spec_rows_and_summary():
     strict = [r for r in rows if r["mode"] == "ssv strict"]
     assert strict and all(r["first_diff_vs_ar"] is None for r in strict)
     assert all(r["mean_accepted_length"] > 1.5 for r in strict)
+    for r in rows:  # a divergence carries the AR top-2 margin where it happened
+        if r["mode"] != "ar":
+            assert (r["ar_margin_at_diff"] is None) == (r["first_diff_vs_ar"] is None)
+            assert r["ar_margin_at_diff"] is None or r["ar_margin_at_diff"] >= 0
     summ = summarize(rows)
     assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16"}
     assert all(s["docs"] == 2 for s in summ)

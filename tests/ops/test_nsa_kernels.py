@@ -170,22 +170,6 @@ def test_runner_triton_backend_matches_reference():
     assert rel_err(outs["reference", (True, False, False)], outs["reference", None]) > 0  # reuse changes routing
 
 
-def test_group_union():
-    from ssv.ops.nsa.verify import group_union
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 40, (11, 3, 5), generator=gen)
-    idx[idx % 7 == 0] = -1
-    for C in (1, 2, 4, 16):
-        for approx in (False, True):
-            u = group_union(idx, C, approx)
-            for g in range(-(-11 // C)):
-                for h in range(3):
-                    rows = idx[g * C:(g + 1) * C, h] if not approx else idx[g * C:g * C + 1, h]
-                    want = sorted({x for x in rows.flatten().tolist() if x >= 0})
-                    got = [x for x in u[g, h].tolist() if x < (1 << 30)]
-                    assert got == want
-
-
 @pytest.mark.parametrize("bad, msg", [
     (dict(D=24), "head dim"),
     (dict(G=17), "GQA group size"),

@@ -2,8 +2,9 @@
 
 One program per (group of C consecutive queries, KV head, row split). Its rows are the group's
 queries times the GQA group's query heads, so every K/V tile it loads serves all of them:
-  A. selected blocks below the group's window region, walked as the sorted union of the group's
-     selections (each block loaded once; a row only attends to its own query's blocks);
+  A. selected blocks below the group's window region, walked as the union of the group's
+     selections, built inside the kernel (each block loaded once; a row only attends to its own
+     query's blocks);
   B. the window region [lo, P), in selection-block-aligned tiles, shared by the whole group;
   C. the new (tree) tokens [P, P+N), visible through each query's ancestor mask.
 C = 1 is the naive per-query decode-style kernel used as the baseline. Approximate mode gives every
@@ -44,11 +45,11 @@ def _finish(b_m, b_l, b_acc):
 
 @triton.jit
 def nsa_verify_fwd_kernel(
-    q, k, v, pos, tmask, blk, uni, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a,
+    q, k, v, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a,
     N, P, W, scale, NSPLIT,
-    s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, s_ug, s_uh, HQ,
-    G: tl.constexpr, C: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    NSEL: tl.constexpr, NSELP: tl.constexpr, UMAXP: tl.constexpr, BT: tl.constexpr,
+    s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
+    G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr,
     GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -82,15 +83,31 @@ def nsa_verify_fwd_kernel(
     minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
-    o_u = tl.arange(0, UMAXP)
-    p_u = uni + i_g * s_ug + i_h * s_uh
-    n_a = tl.sum((tl.load(p_u + o_u) < lim).to(tl.int32))
+    # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
+    # earlier query of the group selected the same block (each query's list is duplicate-free), then
+    # ranked by a prefix sum. Item `it` is the entry of rank `it`, found by a reduction: no sort, no
+    # extra launch, and no load feeding the next tile's address.
+    o_e = tl.arange(0, CE)
+    o_eq = o_e // NSELP
+    o_es = o_e % NSELP
+    o_eqi = (i_g * C + o_eq).to(tl.int64)
+    m_e = (o_es < NSEL) & (o_eqi < N)
+    b_e = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es, mask=m_e, other=-1).to(tl.int32)
+    m_first = (b_e >= 0) & (b_e < lim)
+    for c in tl.static_range(1, CQ):
+        o_cq = (i_g * C + c - 1).to(tl.int64)
+        b_prev = tl.load(blk + o_cq * s_bn + i_h * s_bh + o_k, mask=(o_k < NSEL) & (o_cq < N), other=-1)
+        b_hit = tl.sum((b_e[:, None] == b_prev.to(tl.int32)[None, :]).to(tl.int32), 1) > 0  # [CE]
+        m_first = m_first & ~(b_hit & (o_eq >= c))
+    b_rank = tl.cumsum(m_first.to(tl.int32), 0) - 1
+    b_rank = tl.where(m_first, b_rank, -1)
+    n_a = tl.sum(m_first.to(tl.int32))
     n_w = tl.maximum(tl.cdiv(P - lim * BS, BS), 0)
     o_t0 = tl.arange(0, BS)
     kbase = k + i_h * s_kh
     vbase = v + i_h * s_kh
     for it in range(i_k, n_a + n_w, NSPLIT):
-        j = tl.where(it < n_a, tl.load(p_u + it, mask=it < n_a, other=0), lim + it - n_a)
+        j = tl.where(it < n_a, tl.sum(tl.where(b_rank == it, b_e, 0)), lim + it - n_a)
         o_t = j * BS + o_t0
         m_t = o_t < P
         p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
@@ -233,17 +250,18 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     rows = group_size * g
     bm = min(_pow2(rows), _pow2(max_rows))
     nsel = block_indices.shape[-1]
-    tm = tree_mask.to(torch.uint8).contiguous()
-    bi = block_indices.to(torch.int32).contiguous()
-    pos = positions.to(torch.int32).contiguous()
-    uni = group_union(bi, group_size, approx)
+    # no conversions when the plan already holds these dtypes: a layer's run is the launch alone
+    tm = (tree_mask if tree_mask.dtype == torch.uint8 else tree_mask.to(torch.uint8)).contiguous()
+    bi = (block_indices if block_indices.dtype in (torch.int32, torch.int64) else block_indices.int()).contiguous()
+    pos = (positions if positions.dtype in (torch.int32, torch.int64) else positions.int()).contiguous()
+    cq = 1 if approx else group_size  # queries whose selections make the group's union
     gt = gates.float().contiguous() if gated else lse_a
     oc = o_cmp.float().contiguous() if gated else lse_a
     ng, nrs = triton.cdiv(n, group_size), triton.cdiv(rows, bm)
     if n_split is None:
         # flash-decoding style: enough programs to cover the GPU twice, at least ~2 tiles each
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        work = uni.shape[-1] + window // slc_block + 2
+        work = min(cq * nsel, -(-prefix_len // slc_block)) + window // slc_block + 2
         n_split = max(1, min(16, (2 * sms) // (ng * hkv * nrs), work // 2))
     split = n_split > 1
     ws = max(1, n_split if split else 1)
@@ -251,44 +269,17 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ws_l = torch.empty_like(ws_m)
     ws_a = torch.empty(ws * n * hq * 2 * d if split else 1, device=q.device, dtype=torch.float32)
     nsa_verify_fwd_kernel[(ng, hkv, nrs * n_split)](
-        q, k, v, pos, tm, bi, uni, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
+        q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
         n, int(prefix_len), int(window), float(scale), n_split,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0),
-        uni.stride(0), uni.stride(1), hq,
-        G=g, C=group_size, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=_pow2(nsel, 1),
-        UMAXP=uni.shape[-1], BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
+        G=g, C=group_size, CQ=cq, CE=cq * _pow2(nsel, 1), BM=bm, D=d, BS=slc_block, NSEL=nsel,
+        NSELP=_pow2(nsel, 1), BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split,
         num_warps=4 if bm * d <= 8192 else 8, num_stages=2,
     )
     if split:
         nsa_verify_combine_kernel[(n,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
                                         BM=_pow2(hq), D=d, GATED=gated, num_warps=4)
     return out, lse_a, lse_b
-
-
-def group_union(block_indices: torch.Tensor, group_size: int, approx: bool = False) -> torch.Tensor:
-    """Sorted union of each group's selected blocks: [NG, Hkv, UMAXP] int32, padded with 2**30.
-
-    Strict: the union over the group's C queries; approximate: the representative's own blocks.
-    """
-    n, hkv, nsel = block_indices.shape
-    ng = -(-n // group_size)
-    big = 1 << 30
-    bi = block_indices.to(torch.int32)
-    if approx:
-        x = bi[::group_size].transpose(0, 1).reshape(hkv, ng, nsel)
-    else:
-        pad = ng * group_size - n
-        if pad:
-            bi = torch.cat([bi, bi.new_full((pad, hkv, nsel), -1)])
-        x = bi.view(ng, group_size, hkv, nsel).permute(2, 0, 1, 3).reshape(hkv, ng, group_size * nsel)
-    x = torch.where(x < 0, big, x).sort(-1).values
-    dup = torch.zeros_like(x, dtype=torch.bool)
-    dup[..., 1:] = x[..., 1:] == x[..., :-1]
-    x = torch.where(dup, big, x).sort(-1).values
-    width = _pow2(x.shape[-1], 1)
-    if width > x.shape[-1]:
-        x = torch.cat([x, x.new_full((*x.shape[:-1], width - x.shape[-1]), big)], -1)
-    return x.transpose(0, 1).contiguous()
 
 
 def check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices) -> None:
