@@ -12,7 +12,7 @@ export SSV_COMMIT=${SSV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0))"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest tests/ops -q -x -p no:cacheprovider -k "not float16" 2>&1 | tee ${OUT:-/tmp}/kernel-tests.log | tail -15
+  python3 -m pytest ${TEST_PATHS:-tests/ops} -q -x -p no:cacheprovider -k "${TEST_FILTER:-not float16}" 2>&1 | tee ${OUT:-/tmp}/kernel-tests.log | tail -15
 fi
 [ -n "${SKIP_BENCH:-}" ] && exit 0
 python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench kernels --out ${OUT:-bench/results} "$@"

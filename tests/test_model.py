@@ -430,3 +430,23 @@ def test_fla_generation_deterministic_and_consistent(fla_model):
     full = torch.tensor(prompt + greedy[:-1])
     logits = reference_forward(model, full, nsa_attend(model.cfg.nsa))
     assert logits[len(prompt) - 1:].argmax(-1).tolist() == greedy, f"seed {seed}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_logits_keep_fp32_accumulator():
+    """On CUDA in bf16 the logits come from the GEMM's fp32 accumulator, not rounded to bf16."""
+    from ssv.config import ModelConfig
+    from ssv.model import Transformer
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=96, n_layers=1, n_heads=4,
+                      n_kv_heads=2, head_dim=16, max_seq_len=64, tie_embeddings=True)
+    model = Transformer(cfg).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        model.embed_tokens.weight.mul_(40)   # logits of tens: bf16 would round them to 0.125 steps
+        h = torch.randn(5, 64, device="cuda", dtype=torch.bfloat16)
+        got = model.head(h)
+        want = model.norm(h).float() @ model.embed_tokens.weight.float().T
+    assert got.dtype == torch.float32 and got.shape == (5, 300)
+    assert (got - want).abs().max() < 0.05 * want.abs().max() / 40
+    assert not torch.equal(got, got.to(torch.bfloat16).float())   # not bf16-rounded

@@ -149,11 +149,11 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
         it[0] = (it[0] + 1) % n_layers
         return it[0]
 
-    def verify(C, approx, n_split=None):
+    def verify(C, approx, n_split=None, tune=None):
         def f():
             i = nxt()
             nsa_verify(q, k[i], v[i], T, pos, tm8, idx, cfg.slc_block, cfg.window, group_size=C,
-                       approx=approx, out=out, n_split=n_split)
+                       approx=approx, out=out, n_split=n_split, tune=tune)
         return f
 
     def route():
@@ -178,6 +178,10 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:
             rows[-1]["method"] = f"naive (C=1), {S} KV splits"
+    if split_sweep:  # what the launch-config tuning buys, both sides
+        add("naive (C=1), fixed config", 1, verify(1, False, tune=False))
+        for C in (4, 16):
+            add("ssv exact, fixed config", C, verify(C, False, tune=False))
     add("ssv routing", 0, route, nb * hkv * d * elt + N * hq * d * elt)
 
     # dense attention over the same tree (SDPA; GQA without materialising repeated K/V)
@@ -333,6 +337,10 @@ def cmd_bench_kernels(args) -> int:
                 with open(os.path.join(args.out, "kernels.json"), "w") as f:
                     json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
     if rows:
+        from ssv.ops.nsa.verify import nsa_verify_fwd_tuned
+        env["tuned_configs"] = {str(k): str(v) for k, v in nsa_verify_fwd_tuned.cache.items()}
+        with open(os.path.join(args.out, "kernels.json"), "w") as f:
+            json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
         print_table(rows, env)
         plot(rows, os.path.join(args.out, "kernels.png"))
     if args.traces:

@@ -52,7 +52,13 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (self.norm(h) @ w.T).float()
+        x = self.norm(h)
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2:
+            # keep the GEMM's fp32 accumulator: bf16 logits step by 0.125 at |logit| in [16, 32), so
+            # rounding them turns near-ties into exact ties, which speculative and AR decoding break
+            # differently (measured: most GPU divergences from `ar` had a bf16 margin of 0)
+            return torch.mm(x, w.T, out_dtype=torch.float32)
+        return (x @ w.T).float()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
                 logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):

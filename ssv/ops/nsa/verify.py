@@ -179,6 +179,13 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
     tl.store(lse_a + p_l, b_lse1, mask=m_r)
 
 
+# On the GPU the launch configuration is tuned once per compiled variant (not per context length or
+# tree size: P and N are not in the key). The kernel only writes its outputs, so re-running it while tuning is harmless.
+TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 1), (4, 2), (4, 3), (8, 2), (8, 3))]
+nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
+                                                          "SPLIT"])(nsa_verify_fwd_kernel)
+
+
 @triton.jit
 def nsa_verify_combine_kernel(
     gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, N, NSPLIT, HQ,
@@ -224,7 +231,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                tree_mask: torch.Tensor, block_indices: torch.Tensor, slc_block: int, window: int,
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
-               out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None):
+               out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
+               tune: Optional[bool] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -268,13 +276,14 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ws_m = torch.empty(ws * n * hq * 2 if split else 1, device=q.device, dtype=torch.float32)
     ws_l = torch.empty_like(ws_m)
     ws_a = torch.empty(ws * n * hq * 2 * d if split else 1, device=q.device, dtype=torch.float32)
-    nsa_verify_fwd_kernel[(ng, hkv, nrs * n_split)](
+    tune = q.is_cuda if tune is None else tune
+    launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
+    (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[(ng, hkv, nrs * n_split)](
         q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
         n, int(prefix_len), int(window), float(scale), n_split,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
         G=g, C=group_size, CQ=cq, CE=cq * _pow2(nsel, 1), BM=bm, D=d, BS=slc_block, NSEL=nsel,
-        NSELP=_pow2(nsel, 1), BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split,
-        num_warps=4 if bm * d <= 8192 else 8, num_stages=2,
+        NSELP=_pow2(nsel, 1), BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split, **launch,
     )
     if split:
         nsa_verify_combine_kernel[(n,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
