@@ -278,17 +278,23 @@ def run_traces(path, fla=None):
     return overlap, rows
 
 
+def _commit():
+    """SSV_COMMIT (machines without git), else the checkout's HEAD."""
+    if os.environ.get("SSV_COMMIT"):
+        return os.environ["SSV_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip() or None
+    except OSError:
+        return None
+
+
 def environment() -> dict:
     import triton
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip() or None
-    except OSError:
-        commit = None
     return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": os.environ.get("SSV_COMMIT", commit)}
+            "commit": _commit()}
 
 
 def main(argv=None) -> int:

@@ -72,12 +72,21 @@ def first_diff(a: list, b: list):
 
 
 def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree: TreeSpec,
-              order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None) -> list:
+              order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
+              warmup: int = 0) -> list:
     """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults);
-    on_row(rows) after every row (the benchmark writes its JSON there, so a run cut short keeps them)."""
+    on_row(rows) after every row (the benchmark writes its JSON there, so a run cut short keeps them).
+    warmup > 0: first generate that many tokens in every mode (untimed), so kernel compilation and
+    launch-config tuning do not land in the first document's tokens/s."""
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     rows = []
     table = modes(model.cfg.n_layers)
+    if warmup and docs and contexts:
+        ids = docs[0][:contexts[0]]
+        generate_ar(make_runner("nsa"), ids, SamplingParams(), warmup)
+        for name, (att, vo) in table.items():
+            if not which or name in which:
+                generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup, SpecOptions(tree, order, vo))
     for L in contexts:
         for d, doc in enumerate(docs):
             ids = doc[:L]
@@ -132,11 +141,12 @@ def add_args(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", nargs="+", help="subset of: 'ssv strict', 'ssv approx C16', "
                    "'ssv approx C16 reuse/2', 'eagle3 dense' (default: all)")
+    p.add_argument("--warmup", type=int, default=8, help="untimed tokens per mode before measuring (0: none)")
     p.add_argument("--out", default="bench/results")
 
 
 def cmd_bench_spec(args) -> int:
-    from ssv.bench.kernels import environment
+    from ssv.bench.kernels import _commit, environment
     from ssv.cli import load_model
     from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
 
@@ -149,7 +159,14 @@ def cmd_bench_spec(args) -> int:
     drafter = Eagle3Drafter(head, model)
     docs = eval_documents(tok, max(args.contexts), args.docs)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
-    env = environment() if torch.cuda.is_available() else {"device": "cpu"}
+    if torch.cuda.is_available():
+        env = environment()
+    else:
+        import datetime
+        import platform
+        env = {"device": f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__, "python": platform.python_version(),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "commit": _commit()}
     os.makedirs(args.out, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "func"}
 
@@ -160,7 +177,7 @@ def cmd_bench_spec(args) -> int:
         os.replace(tmp, os.path.join(args.out, f"spec-{args.device}.json"))
 
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
-                     which=set(args.modes) if args.modes else None, on_row=save)
+                     which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup)
     save(rows)
     summary = summarize(rows)
     print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")

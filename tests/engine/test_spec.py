@@ -170,7 +170,7 @@ def test_bench_spec_rows_and_summary():
             d = OracleDrafter(ar.token_ids[1:], 64)
             d.n_prompt = L
             part = eval_spec(model, d, [doc], [L], 20, TreeSpec(5, 2, 11),
-                             which={"ssv strict", "ssv approx C16"}, make_runner=make_runner)
+                             which={"ssv strict", "ssv approx C16"}, make_runner=make_runner, warmup=2)
             for r in part:
                 r["doc"] = i
             rows += part
