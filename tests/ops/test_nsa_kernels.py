@@ -95,7 +95,8 @@ def test_verify_matches_reference(case, gating, dtype, n_split):
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None,
-                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, n_split=n_split)
+                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, n_split=n_split,
+                                 tune=seed == 0)  # on CUDA one case goes through the autotuned launch
     assert o.data_ptr() == out.data_ptr()
     assert rel_err(o, ref.o) < tol(dtype)
     want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)

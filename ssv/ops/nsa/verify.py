@@ -276,7 +276,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ws_m = torch.empty(ws * n * hq * 2 if split else 1, device=q.device, dtype=torch.float32)
     ws_l = torch.empty_like(ws_m)
     ws_a = torch.empty(ws * n * hq * 2 * d if split else 1, device=q.device, dtype=torch.float32)
-    tune = q.is_cuda if tune is None else tune
+    tune = q.is_cuda and tune is not False  # the interpreter has nothing to time
     launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[(ng, hkv, nrs * n_split)](
         q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
