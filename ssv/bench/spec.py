@@ -59,14 +59,6 @@ def modes(n_layers: int, group_size: int = 4):
     }
 
 
-def top2_margin(runner, ids: list) -> float:
-    """The target's top-2 logit margin after `ids` (autoregressive NSA): how close a divergence was to a tie."""
-    runner.reset()
-    logits, _ = runner.prefill(ids)
-    top = logits.float().reshape(-1)[-runner.model.cfg.vocab_size:].topk(2).values
-    return float(top[0] - top[1])
-
-
 def first_diff(a: list, b: list):
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
@@ -90,10 +82,10 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
     for L in contexts:
         for d, doc in enumerate(docs):
             ids = doc[:L]
-            ar_runner = make_runner("nsa")
-            ar = generate_ar(ar_runner, ids, SamplingParams(), new_tokens)
+            ar = generate_ar(make_runner("nsa"), ids, SamplingParams(), new_tokens, margins=True)
             rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
-                             tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None))
+                             tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None,
+                             min_top2_margin=min(ar.stats["top2_margins"])))
             for name, (att, vo) in table.items():
                 if which and name not in which:
                     continue
@@ -106,7 +98,7 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
                                  tokens_per_second=st["tokens_per_second"],
                                  speedup_vs_ar=st["tokens_per_second"] / max(ar.stats["tokens_per_second"], 1e-9),
                                  first_diff_vs_ar=diff,
-                                 ar_margin_at_diff=None if diff is None else top2_margin(ar_runner, ids + ar.token_ids[:diff])))
+                                 ar_margin_at_diff=None if diff is None else ar.stats["top2_margins"][diff]))
                 if progress:
                     print(rows[-1], file=sys.stderr, flush=True)
                 if on_row:
@@ -159,7 +151,7 @@ def cmd_bench_spec(args) -> int:
     drafter = Eagle3Drafter(head, model)
     docs = eval_documents(tok, max(args.contexts), args.docs)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
-    if torch.cuda.is_available():
+    if args.device == "cuda":
         env = environment()
     else:
         import datetime

@@ -196,6 +196,8 @@ def raw_documents(tokenizer, split: str, seq_len: int, max_tokens: int, min_len:
             if len(piece) < min_len:
                 continue
             piece = piece[: max_tokens - total]
+            if len(piece) < min_len:
+                return out
             out.append(piece)
             total += len(piece)
             if total >= max_tokens:

@@ -79,6 +79,8 @@ def write_raw_split(data_dir: Path, split: str, pieces: Sequence[Sequence[int]],
     data_dir.mkdir(parents=True, exist_ok=True)
     if (data_dir / f"{split}_raw.done").exists():
         return
+    for stale in data_dir.glob(f"{split}_raw_*.pt"):  # an interrupted earlier attempt
+        stale.unlink()
     for b in range(0, len(pieces), shard):
         seqs = [list(p) for p in pieces[b:b + shard]]
         _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),

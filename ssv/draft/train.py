@@ -32,6 +32,7 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
             "raw_tokens", "raw_eval_tokens")
+ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -96,7 +97,7 @@ def _check_run(run: Path, args) -> None:
     path, mine = run / "run.json", {k: getattr(args, k) for k in RUN_KEYS}
     if path.exists():
         old = json.loads(path.read_text())
-        diff = {k: (old.get(k), v) for k, v in mine.items() if old.get(k) != v}
+        diff = {k: (old.get(k, ADDED_KEYS.get(k)), v) for k, v in mine.items() if old.get(k, ADDED_KEYS.get(k)) != v}
         if diff:
             raise ValueError(f"{run} was started with different settings {diff} (old, new); "
                              f"use another --run-dir or the original settings")

@@ -42,15 +42,25 @@ def check_budget(runner: Runner, n_prompt: int, max_new_tokens: int) -> None:
 
 
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
-                seed: int = 0, stop_ids=(), progress: bool = False) -> GenResult:
-    """Plain autoregressive decoding: the 1.00x baseline and the ground truth for speculative modes."""
+                seed: int = 0, stop_ids=(), progress: bool = False, margins: bool = False) -> GenResult:
+    """Plain autoregressive decoding: the 1.00x baseline and the ground truth for speculative modes.
+
+    margins: also record, for every generated token, the top-2 margin of the logits that picked it
+    (stats["top2_margins"]): how close each greedy choice was to a tie."""
     check_budget(runner, len(prompt_ids), max_new_tokens)
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
     _sync(runner.device)
     t0 = time.perf_counter()
     logits, _ = runner.prefill(prompt_ids, progress=progress)
-    out = [pick_token(logits, params, gen)]
+    gaps = []
+
+    def gap(lg):
+        if margins:
+            top = lg.float().reshape(-1).topk(2).values
+            gaps.append(float(top[0] - top[1]))
+        return lg
+    out = [pick_token(gap(logits), params, gen)]
     _sync(runner.device)
     t1 = time.perf_counter()
     rounds, stop = 0, "length"
@@ -67,7 +77,7 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
         logits, _ = runner.forward(torch.tensor([out[-1]]), meta)
         runner.cache.commit(1)
         rounds += 1
-        out.append(pick_token(logits[-1], params, gen))
+        out.append(pick_token(gap(logits[-1]), params, gen))
     _sync(runner.device)
     t2 = time.perf_counter()
     dec = t2 - t1
@@ -75,6 +85,8 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
              "decode_seconds": dec, "rounds": rounds,
              "tokens_per_second": (len(out) - 1) / dec if dec > 0 and len(out) > 1 else 0.0,
              "mean_accepted_length": 1.0, "stop": stop}
+    if margins:
+        stats["top2_margins"] = gaps
     return GenResult(out, stats)
 
 

@@ -105,6 +105,19 @@ def test_verify_matches_reference(case, gating, dtype, n_split):
         assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
 
 
+@pytest.mark.parametrize("C", [1, 4])
+def test_verify_repeated_block_in_one_list_counts_once(C):
+    """A list such as [a, a, c, ...] (ascending, not strictly) attends to block a once, like the reference."""
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
+    idx = nsa_naive(q.float(), k.float(), v.float(), 150, pos, mask, cfg).block_indices.clone()
+    idx[..., 1] = torch.where(idx[..., 1] >= 0, idx[..., 0], idx[..., 1])
+    ref = nsa_naive(q.float(), k.float(), v.float(), 150, pos, mask, cfg, block_indices=idx)
+    o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                         cfg.slc_block, cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [
     (0, 150, 7, 2, 3, 16, None, {}),

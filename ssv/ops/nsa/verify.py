@@ -84,7 +84,7 @@ def nsa_verify_fwd_kernel(
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
     # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
-    # earlier query of the group selected the same block (each query's list is duplicate-free), then
+    # earlier query of the group (nor its own previous slot) selected the same block, then
     # ranked by a prefix sum. Item `it` is the entry of rank `it`, found by a reduction: no sort, no
     # extra launch, and no load feeding the next tile's address.
     o_e = tl.arange(0, CE)
@@ -93,7 +93,9 @@ def nsa_verify_fwd_kernel(
     o_eqi = (i_g * C + o_eq).to(tl.int64)
     m_e = (o_es < NSEL) & (o_eqi < N)
     b_e = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es, mask=m_e, other=-1).to(tl.int32)
-    m_first = (b_e >= 0) & (b_e < lim)
+    # a query's own list is ascending: a repeat of the previous slot is the same block again
+    b_e1 = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
+    m_first = (b_e >= 0) & (b_e < lim) & (b_e != b_e1)
     for c in tl.static_range(1, CQ):
         o_cq = (i_g * C + c - 1).to(tl.int64)
         b_prev = tl.load(blk + o_cq * s_bn + i_h * s_bh + o_k, mask=(o_k < NSEL) & (o_cq < N), other=-1)
