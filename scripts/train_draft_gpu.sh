@@ -85,6 +85,7 @@ train)
     set +e
     PYTHONUNBUFFERED=1 python3 -m ssv.draft.train --model "$model" --run-dir "$RUN" --device cuda \
         --gen-batch 1024 --num-prompts 4000 --max-new-tokens 256 --raw-tokens 4000000 --raw-eval-tokens 100000 \
+        --self-prompts 3000 \
         --epochs 4 --time-budget "$BUDGET" --export "$RUN/head" "$@"
     rc=$?
     set -e

@@ -170,6 +170,63 @@ def read_prompts(path) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+# Self-instruct: the target itself writes general chat questions from these seeds (offline, no data
+# set), so the head also sees the target answering everyday prompts, not only stdlib ones.
+SELF_TOPICS = (
+    "the weather", "cooking pasta", "baking bread", "healthy breakfast", "sleep", "running", "yoga", "chess",
+    "football", "the Olympic games", "photosynthesis", "black holes", "the Moon", "Mars", "volcanoes",
+    "earthquakes", "climate change", "recycling", "electric cars", "bicycles", "trains", "airplanes",
+    "the ocean", "coral reefs", "dinosaurs", "evolution", "DNA", "vaccines", "the human heart", "the brain",
+    "memory", "learning a language", "grammar", "poetry", "Shakespeare", "novels", "writing an essay",
+    "public speaking", "job interviews", "saving money", "inflation", "taxes", "startups", "marketing",
+    "negotiation", "time management", "habits", "stress", "friendship", "parenting", "pets", "dogs", "cats",
+    "gardening", "houseplants", "birds", "bees", "the Roman Empire", "ancient Egypt", "the printing press",
+    "the Industrial Revolution", "World War II", "democracy", "philosophy", "ethics", "logic puzzles",
+    "prime numbers", "probability", "statistics", "geometry", "calculus", "algebra", "fractions",
+    "music theory", "the guitar", "the piano", "painting", "photography", "movies", "video games",
+    "the internet", "email etiquette", "passwords", "computer viruses", "smartphones", "batteries",
+    "solar power", "wind turbines", "nuclear energy", "water", "coffee", "tea", "chocolate", "vegetables",
+    "travel in Europe", "camping", "hiking", "maps", "time zones", "calendars", "holidays", "birthdays",
+    "recipes for soup", "knitting", "woodworking", "cars", "traffic", "cities", "architecture", "bridges",
+    "sorting algorithms", "databases", "web servers", "JavaScript", "Linux", "spreadsheets", "robots",
+    "artificial intelligence", "the history of computers", "space travel", "rainbows", "why the sky is blue",
+)
+SELF_TEMPLATES = (  # the forms the default model follows best in a short trial (it tends to quote the question)
+    "Write a question about {topic} that a student might ask.",
+    "Write a question about {topic} that a curious adult might ask.",
+    "Write a request about {topic} that someone might send to a helpful assistant.",
+)
+
+
+def self_seeds(n: int) -> List[dict]:
+    """n question-writing seeds (topic x template x sample), in a fixed order; split by topic."""
+    out = []
+    k = 0
+    while len(out) < n:
+        for topic in SELF_TOPICS:
+            tpl = SELF_TEMPLATES[(_h("selftpl:" + topic) + k) % len(SELF_TEMPLATES)]
+            out.append({"id": f"self:{topic}:{k}", "split_key": f"self:{topic}", "kind": "self",
+                        "text": tpl.format(topic=topic)})
+            if len(out) == n:
+                break
+        k += 1
+    return out
+
+
+def clean_question(text: str) -> Optional[str]:
+    """The generated question as a prompt, or None when it is unusable (too short or too long).
+    'A student might ask: "What is X?' -> 'What is X?' (the quoted part, when there is one)."""
+    text = text.strip().split("\n\n")[0].strip()
+    if '"' in text.strip('"'):
+        text = text.strip('"').split('"')[1] if text.startswith('"') else text.split('"')[1]
+    text = text.strip().strip('"').strip()
+    if text.lower().startswith(("question:", "request:", "task:")):
+        text = text.split(":", 1)[1].strip()
+    if len(text) < 12 or len(text) > 400:
+        return None
+    return text
+
+
 def raw_documents(tokenizer, split: str, seq_len: int, max_tokens: int, min_len: int = 128) -> List[List[int]]:
     """Plain stdlib source files of one side of the split, as `seq_len`-token pieces (at most
     `max_tokens` in all), in the format `ssv bench spec` continues: "# file: <path>" + the source.

@@ -31,8 +31,8 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 # parameters that change the data or the head: a resumed run must keep them
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
-            "raw_tokens", "raw_eval_tokens")
-ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0}  # keys newer than some run folders: their old value
+            "raw_tokens", "raw_eval_tokens", "self_prompts")
+ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -63,6 +63,9 @@ def add_train_draft_parser(subparsers):
                    help="also train on this many tokens of plain stdlib source (train-split files, no chat "
                         "template, the target's soft labels on every token): long-document continuation")
     g.add_argument("--raw-eval-tokens", type=int, default=0, help="held-out plain-source tokens in the eval set")
+    g.add_argument("--self-prompts", type=int, default=0,
+                   help="also this many general chat prompts written by the target itself from built-in topic "
+                        "seeds (self-instruct; split by topic), answered like the others")
     h = p.add_argument_group("head and training")
     h.add_argument("--draft-vocab", type=int, default=8192)
     h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
@@ -119,7 +122,7 @@ def cmd_train_draft(args) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but no CUDA device is available")
-    for name in ("raw_tokens", "raw_eval_tokens"):
+    for name in ("raw_tokens", "raw_eval_tokens", "self_prompts"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("num_prompts", "seq_len", "ttt_steps", "draft_vocab", "window", "batch_tokens", "gen_batch",
@@ -155,8 +158,11 @@ def cmd_train_draft(args) -> int:
     # 1-2. prompts and the target's answers
     sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
     if not (run / "eval_prompts.jsonl").exists():
-        data.write_prompts(run / "prompts_train.jsonl", data.train_prompts(args.num_prompts, sources))
-        data.write_prompts(run / "eval_prompts.jsonl", data.eval_prompts(args.eval_prompts, sources))
+        own = self_instruct(run, args, teacher, ck.tokenizer) if args.self_prompts else []
+        own_eval = [p for p in own if data.is_eval(p["split_key"])][: max(1, args.eval_prompts // 4)]
+        data.write_prompts(run / "prompts_train.jsonl", data.train_prompts(args.num_prompts, sources)
+                           + [p for p in own if not data.is_eval(p["split_key"])])
+        data.write_prompts(run / "eval_prompts.jsonl", data.eval_prompts(args.eval_prompts, sources) + own_eval)
     gkw = dict(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
                batch=args.gen_batch, sample_frac=args.sample_frac, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, deadline=deadline, log=lambda m: _log(run, m))
@@ -172,6 +178,31 @@ def cmd_train_draft(args) -> int:
     from ssv.draft.loop import train_loop
 
     return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m))
+
+
+def self_instruct(run: Path, args, teacher, tokenizer) -> list:
+    """The target writes --self-prompts general chat prompts from data.SELF_TOPICS (sampled, cached in
+    prompts_self.jsonl); unusable or repeated ones are dropped, so a few less may come back."""
+    from ssv.draft import data, gen
+
+    path = run / "prompts_self.jsonl"
+    if path.exists():
+        return data.read_prompts(path)
+    seeds = data.self_seeds(args.self_prompts)
+    ids = [tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) for p in seeds]
+    out, seen = [], set()
+    for b in range(0, len(seeds), args.gen_batch):
+        answers = gen._generate(teacher, ids[b:b + args.gen_batch], 64, tuple(tokenizer.eos_ids), sample=True,
+                                temperature=0.8, top_p=0.95, seed=args.seed * 7919 + b)
+        for p, a in zip(seeds[b:b + args.gen_batch], answers):
+            q = data.clean_question(tokenizer.decode([t for t in a if t not in tokenizer.eos_ids],
+                                                     skip_special_tokens=True))
+            if q and q not in seen:
+                seen.add(q)
+                out.append({**p, "text": q})
+    data.write_prompts(path, out)
+    _log(run, f"self-instruct: {len(out)} prompts from {len(seeds)} seeds")
+    return out
 
 
 def main(argv=None) -> int:

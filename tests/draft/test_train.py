@@ -79,6 +79,21 @@ def test_prompt_split_is_clean_and_deterministic(tmp_path):
     assert data.eval_prompts(path=tmp_path / "e.jsonl") == ev[:3]
 
 
+def test_self_instruct_seeds_and_cleaning():
+    seeds = data.self_seeds(300)
+    assert len(seeds) == 300 and len({p["id"] for p in seeds}) == 300
+    assert seeds == data.self_seeds(300)
+    topics = {p["split_key"] for p in seeds}
+    held = {p["split_key"] for p in seeds if data.is_eval(p["split_key"])}
+    assert held and held < topics   # both sides of the split exist
+    assert data.clean_question('  "Question: Why do cats purr?"  ') == "Why do cats purr?"
+    assert data.clean_question('A student might ask: "What is coffee, and how does it affect sleep?') == \
+        "What is coffee, and how does it affect sleep?"
+    assert data.clean_question('Ask "Why is the sea salty?" and "Why is it blue?"') == "Why is the sea salty?"
+    assert data.clean_question("Why?") is None
+    assert data.clean_question("How do bees make honey?\n\nBees collect nectar...") == "How do bees make honey?"
+
+
 def test_raw_documents_split_cap_and_shards(tmp_path):
     class tok:  # noqa: N801 -- invertible stand-in tokenizer
         encode = staticmethod(lambda text: [ord(c) for c in text])
@@ -120,6 +135,9 @@ class _CharTok:
     def encode(self, text):
         return [3 + ord(c) % 70 for c in text]
 
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
     def encode_chat(self, messages, add_generation_prompt=True):
         return [1] + [3 + ord(c) % 70 for c in messages[-1]["content"]] + [2, 1]
 
@@ -136,10 +154,15 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
               "--sources", "topics", "--max-prompt-tokens", "24", "--max-new-tokens", "8", "--gen-batch", "4",
               "--seq-len", "40", "--draft-vocab", "30", "--window", "16", "--ttt-steps", "2", "--epochs", "3",
               "--batch-tokens", "80", "--warmup", "1", "--save-every", "2", "--eval-every", "3",
-              "--raw-tokens", "200", "--raw-eval-tokens", "80", "--log-every", "1"]
+              "--raw-tokens", "200", "--raw-eval-tokens", "80", "--self-prompts", "12", "--log-every", "1"]
     assert main(common + ["--time-budget", "1e-9"]) == EXIT_RESUME   # stops before generating anything
     assert not (run / "data" / "train.done").exists()
     assert main(common + ["--max-steps", "3"]) == 0
+    own = data.read_prompts(run / "prompts_self.jsonl")   # the target's own questions, split by topic
+    assert own and all(p["kind"] == "self" and p["text"] for p in own)
+    train_ids = {p["id"] for p in data.read_prompts(run / "prompts_train.jsonl")}
+    assert {p["id"] for p in own if not data.is_eval(p["split_key"])} <= train_ids
+    assert not {p["id"] for p in own if data.is_eval(p["split_key"])} & train_ids
     raw = [s for s in gen.load_split(run / "data", "train") if s["prompt_len"] == 0]
     assert sum(s["ids"].numel() for s in raw) == 200   # the plain-source pieces train beside the answers
     st = torch.load(run / "state.pt", weights_only=False)
