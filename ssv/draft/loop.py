@@ -58,10 +58,11 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st["torch"])
+    # generator states must be CPU byte tensors, wherever the checkpoint was mapped
+    torch.set_rng_state(st["torch"].cpu())
     random.setstate(st["python"])
     if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
+        torch.cuda.set_rng_state_all([t.cpu() for t in st["cuda"]])
 
 
 def _batch_loss(head, teacher, samples, args, grad: bool):
@@ -154,7 +155,9 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     step, epoch, cursor, done = 0, 0, 0, False
     state_path = run / "state.pt"
     if state_path.exists():
-        st = torch.load(state_path, weights_only=False, map_location=dev)
+        # on the CPU: the optimizer moves its state to the parameters' device itself, and mapping the
+        # RNG states to CUDA made every resume on the GPU fail
+        st = torch.load(state_path, weights_only=False, map_location="cpu")
         head.load_state_dict(st["head"]), opt.load_state_dict(st["opt"]), sched.load_state_dict(st["sched"])
         step, epoch, cursor = st["step"], st["epoch"], st["cursor"]
         done = step >= total and (run / "final_eval.json").exists()

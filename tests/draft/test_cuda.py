@@ -46,3 +46,23 @@ def test_ttt_cuda_matches_cpu():
     gpu = ttt_forward(head_g, emb_g, *[a.cuda() for a in args], steps=3)
     for a, b in zip(cpu["losses"], gpu["losses"]):
         assert abs(a - b) < 1e-3 * max(1.0, abs(a))
+
+
+def test_train_draft_resumes_on_cuda(tmp_path, monkeypatch):
+    """A run stopped on the GPU resumes there (the RNG states of the checkpoint must come back as CPU tensors)."""
+    import ssv.loaders
+    from ssv.draft.train import main
+    from ssv.loaders import LoadedCheckpoint
+
+    from .test_train import _CharTok, _sd
+
+    target = tiny_target()
+    monkeypatch.setattr(ssv.loaders, "load_checkpoint",
+                        lambda spec, **kw: LoadedCheckpoint(target.cfg, _sd(target), _CharTok(), "tiny"))
+    common = ["--run-dir", str(tmp_path / "run"), "--device", "cuda", "--num-prompts", "6", "--eval-prompts", "2",
+              "--sources", "topics", "--max-prompt-tokens", "24", "--max-new-tokens", "8", "--gen-batch", "4",
+              "--seq-len", "40", "--draft-vocab", "30", "--window", "16", "--ttt-steps", "2", "--epochs", "3",
+              "--batch-tokens", "80", "--warmup", "1", "--save-every", "1", "--eval-every", "0", "--log-every", "1"]
+    assert main(common + ["--max-steps", "2"]) == 0
+    assert main(common + ["--max-steps", "4"]) == 0
+    assert torch.load(tmp_path / "run" / "state.pt", weights_only=False, map_location="cpu")["step"] == 4
