@@ -82,8 +82,16 @@ def cmd_generate(args) -> int:
     else:
         from ssv.engine.spec import generate_spec
         drafter, opts = _spec_setup(args, model)
+        planner = None
+        if args.profile:
+            from ssv.spec.planner import AdaptivePlanner, Profile
+            if args.mode != "ssv":
+                raise ValueError("--profile plans --mode ssv (sd-naive is a fixed baseline)")
+            # strict unless --precision approx: then the profile's approximate strategies may be chosen too
+            planner = AdaptivePlanner(Profile.load(args.profile), model.cfg.n_layers,
+                                      allow_approx=args.precision == "approx")
         res = generate_spec(runner, drafter, ids, params, args.max_new_tokens, opts, seed=args.seed,
-                            stop_ids=tok.eos_ids, progress=not args.json)
+                            stop_ids=tok.eos_ids, progress=not args.json, planner=planner)
     gen = [t for t in res.token_ids if t not in tok.eos_ids]
     text = tok.decode(gen)
     if record is not None:
@@ -186,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,
                     help="recompute routing every K layers, reuse it between (approx only)")
+    sd.add_argument("--profile", metavar="FILE",
+                    help="adaptive planning: pick the strategy per context length and observed acceptance from "
+                         "this profile (written by `ssv bench spec`); replaces the tree / C / traversal flags")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
 

@@ -398,6 +398,26 @@ def test_speculative_bad_input(capsys, fast_default, random_head, tmp_path):
     fails(base + ["--draft", random_head, "--refresh-every", 2], capsys, "approx")
 
 
+def test_generate_with_a_profile(capsys, fast_default, random_head, tmp_path):
+    """--profile: the planner picks each round's strategy (strict ones only): output stays that of ar."""
+    from ssv.spec.planner import Entry, Profile, Strategy
+    from ssv.spec.tree import TreeSpec
+
+    small = Strategy("small", TreeSpec(2, 2, 4), "dfs", 2)
+    wide = Strategy("wide", TreeSpec(3, 4, 12), "pos", 4)
+    approx = Strategy("approx", TreeSpec(3, 4, 12), "pos", 16, "approx")
+    Profile([20, 4096], [[Entry(wide, 2.0, 0.1), Entry(approx, 9.0, 0.1)], [Entry(small, 1.5, 0.1)]]).save(
+        tmp_path / "p.json")
+    base = ["generate", "--prompt", "Name three colors.", "--json", "--max-new-tokens", 10]
+    ar = json.loads(succeeds(base, capsys)[0])
+    out = json.loads(succeeds(base + ["--mode", "ssv", "--draft", random_head, "--profile", tmp_path / "p.json"],
+                              capsys)[0])
+    assert out["token_ids"] == ar["token_ids"]
+    assert [s["to"] for s in out["stats"]["planner"]["switches"]] == ["small"]   # the prompt is > 20 tokens
+    fails(base + ["--mode", "sd-naive", "--draft", random_head, "--profile", tmp_path / "p.json"], capsys, "profile")
+    fails(base + ["--mode", "ssv", "--draft", random_head, "--profile", tmp_path / "none.json"], capsys, "none.json")
+
+
 def test_shipped_head_speculates_losslessly(capsys, fast_default):
     """The head shipped in ssv/data loads by default, accepts drafts, and keeps greedy output exact."""
     from ssv.draft import default_head_path

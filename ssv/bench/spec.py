@@ -59,6 +59,20 @@ def modes(n_layers: int, group_size: int = 4):
     }
 
 
+def strategies(tree: TreeSpec, order: str, n_layers: int, group_size: int = 4) -> dict:
+    """The benchmark's NSA modes as planner strategies (ar and dense attention are not strategies)."""
+    from ssv.spec.planner import Strategy
+    out = {}
+    for name, (att, vo) in modes(n_layers, group_size).items():
+        if att != "nsa":
+            continue
+        every = 1
+        if vo.refresh is not None:  # the schedule's period: the next refresh layer after layer 0
+            every = next((i for i in range(1, n_layers) if vo.refresh[i]), n_layers)
+        out[name] = Strategy(name, tree, order, vo.group_size, vo.precision, every)
+    return out
+
+
 def first_diff(a: list, b: list):
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
@@ -171,6 +185,13 @@ def cmd_bench_spec(args) -> int:
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup)
     save(rows)
+    from ssv.spec.planner import Profile
+    try:  # the offline profile of the adaptive planner (`ssv generate --profile`)
+        prof = Profile.from_rows(rows, strategies(tree, "pos", model.cfg.n_layers),
+                                 meta={"env": env, "source": f"ssv bench spec, {len(docs)} documents"})
+        prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
+    except ValueError as e:
+        print(f"no profile written: {e}", file=sys.stderr)
     summary = summarize(rows)
     print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
     for s in summary:

@@ -64,7 +64,11 @@ def commit(runner: Runner, drafter, res, taps) -> torch.Tensor:
 
 
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
-                  opts: SpecOptions, seed: int = 0, stop_ids=(), progress: bool = False) -> GenResult:
+                  opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
+                  planner=None) -> GenResult:
+    """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`."""
+    if opts is None and planner is None:
+        raise ValueError("generate_spec needs SpecOptions or a planner")
     check_budget(runner, len(prompt_ids), max_new_tokens)
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
@@ -78,13 +82,16 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"
-    depth_hits = [0] * (opts.tree.depth + 1)
+    depth_hits = [0] * ((opts.tree.depth if opts is not None else 0) + 1)
     while True:
         if root in stop_ids:
             stop = "eos"
             break
         if len(out) >= max_new_tokens:
             break
+        if planner is not None:
+            opts = planner.choose(runner.length)
+            depth_hits += [0] * (opts.tree.depth + 1 - len(depth_hits))
         if runner.length + opts.tree.depth + 2 > runner.context_limit:
             stop = "context"
             break
@@ -93,6 +100,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         res = accept(tree, logits, params, gen)
         root_logp = commit(runner, drafter, res, taps)
         rounds += 1
+        if planner is not None:
+            planner.observe(len(res.tokens) + 1)
         depth_hits += [0] * (len(res.path) - len(depth_hits))  # a drafter may exceed the spec's depth
         for d in range(1, len(res.path)):
             depth_hits[d] += 1
@@ -106,6 +115,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     t2 = time.perf_counter()
     dec = t2 - t1
     emitted = len(out) - 1
+    if opts is None:  # a planner that never had a round to plan
+        opts = planner.choose(runner.length)
     stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
              "decode_seconds": dec, "rounds": rounds,
              "tokens_per_second": emitted / dec if dec > 0 and emitted else 0.0,
@@ -114,4 +125,6 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
              "tree": vars(opts.tree) if hasattr(opts.tree, "__dict__") else str(opts.tree),
              "traversal": opts.order, "group_size": opts.verify.group_size,
              "precision": opts.verify.precision, "stop": stop}
+    if planner is not None:
+        stats["planner"] = planner.summary()
     return GenResult(out, stats)

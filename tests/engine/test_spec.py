@@ -183,6 +183,12 @@ def test_bench_spec_rows_and_summary():
             assert r["ar_margin_at_diff"] is None or r["ar_margin_at_diff"] >= 0
     summ = summarize(rows)
     assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16"}
+    from ssv.bench.spec import strategies
+    from ssv.spec.planner import Profile
+    strat = strategies(TreeSpec(5, 2, 11), "pos", model.cfg.n_layers)
+    assert strat["ssv approx C16 reuse/2"].refresh_every == 2 and strat["sd-naive"].group_size == 1
+    prof = Profile.from_rows(rows, strat)   # the planner's offline profile from these rows
+    assert prof.bounds == [60, 130] and {e.strategy.name for e in prof.entries[0]} == {"ssv strict", "ssv approx C16"}
     assert all(s["docs"] == 2 for s in summ)
 
 
