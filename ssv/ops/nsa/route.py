@@ -234,14 +234,16 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     m_part = torch.empty(n_split, n, hq, **f32)
     l_part = torch.empty(n_split, n, hq, **f32)
     a_part = torch.empty(n_split, n, hq, d, **f32) if want_o else m_part
-    npath = n_path.to(device=dev, dtype=torch.int32).contiguous()
+    npath = n_path if n_path.dtype == torch.int32 and n_path.is_contiguous() else n_path.to(dev, torch.int32).contiguous()
+    pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
+    pos = pos.contiguous()
     kp, vp = k_path.contiguous(), v_path.contiguous()
     common = dict(G=g, CR=cr, BM=bm, D=d, BC=bc, WANT_O=want_o, num_warps=4)
     nsa_route_lse_fwd_kernel[(ngr, hkv, n_split)](
         q, k_cmp, v_cmp, kp, vp, npath, m_part, l_part, a_part, n, nbpre, nbp, bps, float(scale),
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0), kp.stride(1), kp.stride(2),
         hq, **common)
-    psum = torch.zeros(n, hkv, nbpre + nbp, **f32)
+    psum = torch.empty(n, hkv, nbpre + nbp, **f32)   # every entry is written: the splits tile [0, NBpre)
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
     nsa_route_imp_fwd_kernel[(ngr, hkv, n_split)](
@@ -251,7 +253,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     imp = torch.empty(n, hkv, nbs, **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     nsa_route_topk_fwd_kernel[(n, hkv)](
-        psum, npath, positions.to(device=dev, dtype=torch.int32).contiguous(), imp, idx, nbpre, nbs,
+        psum, npath, pos, imp, idx, nbpre, nbs,
         psum.stride(0), psum.stride(1), imp.stride(0), imp.stride(1), idx.stride(0), idx.stride(1),
         LS=cfg.slc_block, R=cfg.slc_block // cfg.cmp_stride, A=-(-cfg.cmp_block // cfg.cmp_stride),
         BJ=_pow2(nbs), NSEL=cfg.n_select, NSELP=_pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
@@ -280,12 +282,59 @@ def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torc
     return w, s0, n_path
 
 
-def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
-    """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer)."""
+@triton.jit
+def nsa_path_blocks_fwd_kernel(
+    w, k, v, kp, vp, S0, S, NBP, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
+    SP: tl.constexpr, D: tl.constexpr,
+):
+    # one program per (query, KV head): its path-specific compressed keys/values, w[n, b] @ k[h, s0:]
+    i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_s = tl.arange(0, SP)
+    o_d = tl.arange(0, D)
+    m_s = o_s < S
+    p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+    b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [SP, D]
+    b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
+    for b in range(0, NBP):
+        b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s, other=0.0)                # [SP]
+        o_o = i_n * s_pn + i_h * s_ph + b * s_pb + o_d
+        tl.store(kp + o_o, tl.sum(b_w[:, None] * b_k, 0))
+        tl.store(vp + o_o, tl.sum(b_w[:, None] * b_v, 0))
+
+
+def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
+    """The same product in plain PyTorch (the CPU path and the kernel's reference)."""
     kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
     kp = torch.einsum("nbs,hsd->nhbd", w, kt)
     vp = torch.einsum("nbs,hsd->nhbd", w, vt)
     if kp.shape[2] == 0:
         kp = kp.new_zeros(kp.shape[0], kp.shape[1], 1, kp.shape[3])
         vp = torch.zeros_like(kp)
+    return kp, vp
+
+
+def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int,
+                kernel: Optional[bool] = None, out: Optional[tuple] = None):
+    """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer).
+
+    kernel (default: on CUDA): one launch instead of slicing, casting and two einsums per layer.
+    """
+    kernel = k.is_cuda if kernel is None else kernel
+    if not kernel:
+        return path_blocks_torch(w, s0, k, v, prefix_len, n)
+    nq, nbp, S = w.shape
+    hkv, _, d = k.shape
+    if S != prefix_len + n - s0:
+        raise ValueError(f"path weights cover {S} slots, the step has {prefix_len + n - s0} from slot {s0}")
+    if k.stride(2) != 1 or v.stride() != k.stride():
+        raise ValueError("k and v must share strides with a contiguous last dimension")
+    if out is None:  # every entry is written when there are path blocks; else one zero block (never read)
+        new = torch.empty if nbp else torch.zeros
+        out = tuple(new(nq, hkv, max(nbp, 1), d, device=k.device, dtype=torch.float32) for _ in range(2))
+    kp, vp = out
+    if nq and nbp:
+        wc = w.contiguous()
+        nsa_path_blocks_fwd_kernel[(nq, hkv)](
+            wc, k, v, kp, vp, int(s0), S, nbp, wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
+            kp.stride(0), kp.stride(1), kp.stride(2), SP=_pow2(S), D=d, num_warps=4)
     return kp, vp
