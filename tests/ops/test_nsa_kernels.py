@@ -113,8 +113,9 @@ def test_path_blocks_kernel_matches_torch(case):
     from ssv.ops.nsa.route import path_blocks_torch
     seed, P, N, hkv, D, over = case
     cfg = NSAConfig(**{**CFG, **over})
-    q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, 2, D, DTYPES[0], cfg)
+    q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, 2, D, DTYPES[0], cfg, chain=seed == 4)
     w, s0, _ = path_block_weights(P, pos, mask, cfg)
+    assert w.shape[1] == (0 if seed == 3 else 10 if seed == 4 else 1)   # none, one and many path blocks
     want = path_blocks_torch(w, s0, k, v, P, N)
     nbp = max(w.shape[1], 1)
     out = tuple(torch.full((N, hkv, nbp, D), float("nan"), device=DEV) for _ in range(2))
