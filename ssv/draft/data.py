@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -215,11 +216,15 @@ def self_seeds(n: int) -> List[dict]:
 
 def clean_question(text: str) -> Optional[str]:
     """The generated question as a prompt, or None when it is unusable (too short or too long).
-    'A student might ask: "What is X?' -> 'What is X?' (the quoted part, when there is one)."""
+    'A student might ask: "What is X?' -> 'What is X?': the quoted part, but only after a lead-in
+    ("... ask:", "... question:") or when the whole text is quoted; other quotes belong to the question."""
     text = text.strip().split("\n\n")[0].strip()
-    if '"' in text.strip('"'):
-        text = text.strip('"').split('"')[1] if text.startswith('"') else text.split('"')[1]
-    text = text.strip().strip('"').strip()
+    lead = re.search(r'\b(?:ask|asks|asked|asking|request|question|query)\b[^"]{0,12}"([^"]+)', text, re.IGNORECASE)
+    if lead:
+        text = lead.group(1)
+    elif text.startswith('"') and text.count('"') <= 2:
+        text = text.strip('"')
+    text = text.strip()
     if text.lower().startswith(("question:", "request:", "task:")):
         text = text.split(":", 1)[1].strip()
     if len(text) < 12 or len(text) > 400:

@@ -70,6 +70,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     if opts is None and planner is None:
         raise ValueError("generate_spec needs SpecOptions or a planner")
     check_budget(runner, len(prompt_ids), max_new_tokens)
+    if planner is not None:
+        planner.reset()
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
     drafter.reset()
@@ -115,16 +117,15 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     t2 = time.perf_counter()
     dec = t2 - t1
     emitted = len(out) - 1
-    if opts is None:  # a planner that never had a round to plan
-        opts = planner.choose(runner.length)
     stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
              "decode_seconds": dec, "rounds": rounds,
              "tokens_per_second": emitted / dec if dec > 0 and emitted else 0.0,
              "mean_accepted_length": emitted / rounds if rounds else 0.0,
-             "acceptance_by_depth": [h / rounds if rounds else 0.0 for h in depth_hits[1:]],
-             "tree": vars(opts.tree) if hasattr(opts.tree, "__dict__") else str(opts.tree),
-             "traversal": opts.order, "group_size": opts.verify.group_size,
-             "precision": opts.verify.precision, "stop": stop}
-    if planner is not None:
-        stats["planner"] = planner.summary()
+             "acceptance_by_depth": [h / rounds if rounds else 0.0 for h in depth_hits[1:]], "stop": stop}
+    if planner is None:
+        stats.update(tree=vars(opts.tree), traversal=opts.order, group_size=opts.verify.group_size,
+                     precision=opts.verify.precision)
+    else:  # the strategies per round are in the planner's summary
+        stats.update(tree="adaptive", traversal="adaptive", group_size="adaptive",
+                     precision="approx" if planner.used_approx else "strict", planner=planner.summary())
     return GenResult(out, stats)

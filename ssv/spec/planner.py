@@ -181,12 +181,19 @@ class AdaptivePlanner:
             raise ValueError("tolerance must be in (0, 1)")
         self.profile, self.n_layers, self.allow_approx = profile, n_layers, allow_approx
         self.window, self.tolerance = window, tolerance
+        for b in range(len(profile.bounds)):  # fail now, not when a long generation reaches the bucket
+            profile.ranked(b, allow_approx)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything observed (a new prompt starts from the profile)."""
         self.scale = 1.0              # observed / profiled drafting quality, carried across buckets
         self._bucket: Optional[int] = None
         self._entry: Optional[Entry] = None
-        self._seen: deque = deque(maxlen=window)
+        self._seen: deque = deque(maxlen=self.window)
         self.rounds = 0
         self.switches: List[dict] = []
+        self.rounds_by_strategy: dict = {}
 
     @property
     def current(self) -> Optional[Strategy]:
@@ -205,6 +212,8 @@ class AdaptivePlanner:
         if self._entry is None:
             raise RuntimeError("observe() before choose()")
         self.rounds += 1
+        name = self._entry.strategy.name
+        self.rounds_by_strategy[name] = self.rounds_by_strategy.get(name, 0) + 1
         self._seen.append(accepted)
         if len(self._seen) < self.window:
             return
@@ -218,7 +227,8 @@ class AdaptivePlanner:
         self.scale = min(max(self.scale, 0.05), 20.0)
         self._seen.clear()
         best = self.profile.ranked(self._bucket, self.allow_approx, self.scale)[0]
-        if best.strategy != self._entry.strategy:
+        # on a tie the current strategy stays
+        if best.tokens_per_second(self.scale) > self._entry.tokens_per_second(self.scale) * (1 + 1e-9):
             self._set(best, "acceptance", None, seen)
 
     def _set(self, entry: Entry, why: str, context, seen=None) -> None:
@@ -229,6 +239,12 @@ class AdaptivePlanner:
         self._entry = entry
         self._seen.clear()
 
+    @property
+    def used_approx(self) -> bool:
+        """Whether any round so far ran an approximate strategy (the output may differ from AR)."""
+        approx = {e.strategy.name for es in self.profile.entries for e in es if e.strategy.precision == "approx"}
+        return any(n in approx for n in self.rounds_by_strategy)
+
     def summary(self) -> dict:
         return {"strategy": self.current.name if self._entry else None, "scale": self.scale,
-                "switches": self.switches}
+                "rounds_by_strategy": dict(self.rounds_by_strategy), "switches": self.switches}

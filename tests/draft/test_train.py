@@ -90,6 +90,8 @@ def test_self_instruct_seeds_and_cleaning():
     assert data.clean_question('A student might ask: "What is coffee, and how does it affect sleep?') == \
         "What is coffee, and how does it affect sleep?"
     assert data.clean_question('Ask "Why is the sea salty?" and "Why is it blue?"') == "Why is the sea salty?"
+    assert data.clean_question('What is "machine learning" used for?') == 'What is "machine learning" used for?'
+    assert data.clean_question('What does "carpe diem" mean in Latin?') == 'What does "carpe diem" mean in Latin?'
     assert data.clean_question("Why?") is None
     assert data.clean_question("How do bees make honey?\n\nBees collect nectar...") == "How do bees make honey?"
 

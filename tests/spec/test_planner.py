@@ -114,6 +114,20 @@ def test_planner_switches_on_bucket_and_on_acceptance():
         AdaptivePlanner(profile(), 4).observe(2)
 
 
+def test_planner_keeps_the_current_strategy_on_a_tie_and_checks_buckets_upfront():
+    a, b = Strategy("a", TreeSpec(4, 2, 8)), Strategy("b", TreeSpec(4, 2, 8), group_size=2)
+    pl = AdaptivePlanner(Profile([100], [[Entry(b, 3.0, 0.3), Entry(a, 3.0, 0.3)]]), 4, window=2)
+    pl.choose(10)
+    assert pl.current == a                    # a tie at the start: the name decides
+    pl._entry = Entry(b, 3.0, 0.3)            # now on b: a re-rank that ties must not move
+    pl.observe(1), pl.observe(1)
+    assert pl.current == b
+    mixed = Profile([10, 100], [[Entry(a, 2.0, 0.1)], [Entry(APPROX, 3.0, 0.1)]])
+    with pytest.raises(ValueError, match="no strict strategy"):
+        AdaptivePlanner(mixed, 4)             # refused before any generation, not when the bucket is reached
+    assert AdaptivePlanner(mixed, 4, allow_approx=True).choose(50).verify.precision == "approx"
+
+
 def test_planner_moves_to_deeper_tree_when_drafting_is_better():
     p = Profile([4096], [[Entry(DEEP, 2.0, 0.3), Entry(SHALLOW, 1.5, 0.2)]])   # shallow 7.5 vs deep 6.7 tok/s
     pl = AdaptivePlanner(p, n_layers=4, window=3)
@@ -152,5 +166,8 @@ def test_generate_spec_under_a_planner_equals_ar():
     st = sd.stats["planner"]
     assert len(st["switches"]) >= 2 and st["switches"][0]["to"] == "deep"
     assert any(s["reason"] == "bucket" and s["context"] > 80 for s in st["switches"])
+    assert sum(st["rounds_by_strategy"].values()) == sd.stats["rounds"] and sd.stats["precision"] == "strict"
+    again = generate_spec(runner(), d, prompt, SamplingParams(), 40, planner=pl)   # the planner starts afresh
+    assert again.token_ids == ar.token_ids and again.stats["planner"] == st
     with pytest.raises(ValueError, match="planner"):
         generate_spec(runner(), d, prompt, SamplingParams(), 4)

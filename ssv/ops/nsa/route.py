@@ -234,9 +234,9 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     m_part = torch.empty(n_split, n, hq, **f32)
     l_part = torch.empty(n_split, n, hq, **f32)
     a_part = torch.empty(n_split, n, hq, d, **f32) if want_o else m_part
-    npath = n_path if n_path.dtype == torch.int32 and n_path.is_contiguous() else n_path.to(dev, torch.int32).contiguous()
+    npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
-    pos = pos.contiguous()
+    pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
     kp, vp = k_path.contiguous(), v_path.contiguous()
     common = dict(G=g, CR=cr, BM=bm, D=d, BC=bc, WANT_O=want_o, num_warps=4)
     nsa_route_lse_fwd_kernel[(ngr, hkv, n_split)](
