@@ -48,28 +48,33 @@ def eval_documents(tok, min_tokens: int, count: int) -> list:
     return docs
 
 
-def modes(n_layers: int, group_size: int = 4):
+def modes(n_layers: int, group_size: int = 4, extra_trees=()):
+    """name -> (attention, VerifyOptions, tree or None = the run's tree). extra_trees add strict modes
+    with other tree shapes, so the planner's profile can rank tree shapes too."""
     reuse = tuple(i % 2 == 0 for i in range(n_layers))
-    return {
-        "sd-naive": ("nsa", VerifyOptions(1, "strict")),
-        "ssv strict": ("nsa", VerifyOptions(group_size, "strict")),
-        "ssv approx C16": ("nsa", VerifyOptions(16, "approx")),
-        "ssv approx C16 reuse/2": ("nsa", VerifyOptions(16, "approx", refresh=reuse)),
-        "eagle3 dense": ("dense", VerifyOptions(1, "strict")),
+    table = {
+        "sd-naive": ("nsa", VerifyOptions(1, "strict"), None),
+        "ssv strict": ("nsa", VerifyOptions(group_size, "strict"), None),
+        "ssv approx C16": ("nsa", VerifyOptions(16, "approx"), None),
+        "ssv approx C16 reuse/2": ("nsa", VerifyOptions(16, "approx", refresh=reuse), None),
+        "eagle3 dense": ("dense", VerifyOptions(1, "strict"), None),
     }
+    for t in extra_trees:
+        table[f"ssv strict tree {t.depth}x{t.top_k}x{t.total_tokens}"] = ("nsa", VerifyOptions(group_size, "strict"), t)
+    return table
 
 
-def strategies(tree: TreeSpec, order: str, n_layers: int, group_size: int = 4) -> dict:
+def strategies(tree: TreeSpec, order: str, n_layers: int, group_size: int = 4, extra_trees=()) -> dict:
     """The benchmark's NSA modes as planner strategies (ar and dense attention are not strategies)."""
     from ssv.spec.planner import Strategy
     out = {}
-    for name, (att, vo) in modes(n_layers, group_size).items():
+    for name, (att, vo, own) in modes(n_layers, group_size, extra_trees).items():
         if att != "nsa":
             continue
         every = 1
         if vo.refresh is not None:  # the schedule's period: the next refresh layer after layer 0
             every = next((i for i in range(1, n_layers) if vo.refresh[i]), n_layers)
-        out[name] = Strategy(name, tree, order, vo.group_size, vo.precision, every)
+        out[name] = Strategy(name, own or tree, order, vo.group_size, vo.precision, every)
     return out
 
 
@@ -79,20 +84,21 @@ def first_diff(a: list, b: list):
 
 def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
-              warmup: int = 0) -> list:
+              warmup: int = 0, extra_trees=()) -> list:
     """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults);
     on_row(rows) after every row (the benchmark writes its JSON there, so a run cut short keeps them).
     warmup > 0: first generate that many tokens in every mode (untimed), so kernel compilation and
     launch-config tuning do not land in the first document's tokens/s."""
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     rows = []
-    table = modes(model.cfg.n_layers)
+    table = modes(model.cfg.n_layers, extra_trees=extra_trees)
     if warmup and docs and contexts:
         ids = docs[0][:contexts[0]]
         generate_ar(make_runner("nsa"), ids, SamplingParams(), warmup)
-        for name, (att, vo) in table.items():
+        for name, (att, vo, own) in table.items():
             if not which or name in which:
-                generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup, SpecOptions(tree, order, vo))
+                generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup,
+                              SpecOptions(own or tree, order, vo))
     for L in contexts:
         for d, doc in enumerate(docs):
             ids = doc[:L]
@@ -100,11 +106,11 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
             rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
                              tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None,
                              min_top2_margin=min(ar.stats["top2_margins"])))
-            for name, (att, vo) in table.items():
+            for name, (att, vo, own) in table.items():
                 if which and name not in which:
                     continue
                 sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens,
-                                   SpecOptions(tree, order, vo))
+                                   SpecOptions(own or tree, order, vo))
                 st = sd.stats
                 diff = first_diff(ar.token_ids, sd.token_ids)
                 rows.append(dict(context=L, doc=d, mode=name, mean_accepted_length=st["mean_accepted_length"],
@@ -146,9 +152,19 @@ def add_args(p) -> None:
     p.add_argument("--tree-tokens", type=int, default=48)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", nargs="+", help="subset of: 'ssv strict', 'ssv approx C16', "
-                   "'ssv approx C16 reuse/2', 'eagle3 dense' (default: all)")
+                   "'ssv approx C16 reuse/2', 'eagle3 dense', 'ssv strict tree DxKxN' (default: all)")
     p.add_argument("--warmup", type=int, default=8, help="untimed tokens per mode before measuring (0: none)")
+    p.add_argument("--extra-trees", nargs="*", default=[], metavar="D,K,N",
+                   help="also measure ssv strict with these tree shapes (depth,top-k,tokens), for the profile")
     p.add_argument("--out", default="bench/results")
+
+
+def _tree_arg(text: str) -> TreeSpec:
+    try:
+        d, k, n = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--extra-trees takes depth,top-k,tokens (e.g. 4,4,16), got {text!r}") from None
+    return TreeSpec(d, k, n)
 
 
 def cmd_bench_spec(args) -> int:
@@ -183,11 +199,12 @@ def cmd_bench_spec(args) -> int:
         os.replace(tmp, os.path.join(args.out, f"spec-{args.device}.json"))
 
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
-                     which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup)
+                     which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
+                     extra_trees=extra)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the offline profile of the adaptive planner (`ssv generate --profile`)
-        prof = Profile.from_rows(rows, strategies(tree, "pos", model.cfg.n_layers),
+        prof = Profile.from_rows(rows, strategies(tree, "pos", model.cfg.n_layers, extra_trees=extra),
                                  meta={"env": env, "source": f"ssv bench spec, {len(docs)} documents"})
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:

@@ -170,11 +170,13 @@ def test_bench_spec_rows_and_summary():
             d = OracleDrafter(ar.token_ids[1:], 64)
             d.n_prompt = L
             part = eval_spec(model, d, [doc], [L], 20, TreeSpec(5, 2, 11),
-                             which={"ssv strict", "ssv approx C16"}, make_runner=make_runner, warmup=2)
+                             which={"ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"},
+                             make_runner=make_runner, warmup=2, extra_trees=(TreeSpec(3, 2, 6),))
             for r in part:
                 r["doc"] = i
             rows += part
-    strict = [r for r in rows if r["mode"] == "ssv strict"]
+    strict = [r for r in rows if r["mode"].startswith("ssv strict")]
+    assert {r["mode"] for r in strict} == {"ssv strict", "ssv strict tree 3x2x6"}
     assert strict and all(r["first_diff_vs_ar"] is None for r in strict)
     assert all(r["mean_accepted_length"] > 1.5 for r in strict)
     for r in rows:  # a divergence carries the AR top-2 margin where it happened
@@ -182,13 +184,15 @@ def test_bench_spec_rows_and_summary():
             assert (r["ar_margin_at_diff"] is None) == (r["first_diff_vs_ar"] is None)
             assert r["ar_margin_at_diff"] is None or r["ar_margin_at_diff"] >= 0
     summ = summarize(rows)
-    assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16"}
+    assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"}
     from ssv.bench.spec import strategies
     from ssv.spec.planner import Profile
-    strat = strategies(TreeSpec(5, 2, 11), "pos", model.cfg.n_layers)
+    strat = strategies(TreeSpec(5, 2, 11), "pos", model.cfg.n_layers, extra_trees=(TreeSpec(3, 2, 6),))
+    assert strat["ssv strict tree 3x2x6"].tree == TreeSpec(3, 2, 6) and strat["ssv strict"].tree.depth == 5
     assert strat["ssv approx C16 reuse/2"].refresh_every == 2 and strat["sd-naive"].group_size == 1
     prof = Profile.from_rows(rows, strat)   # the planner's offline profile from these rows
-    assert prof.bounds == [60, 130] and {e.strategy.name for e in prof.entries[0]} == {"ssv strict", "ssv approx C16"}
+    assert prof.bounds == [60, 130]
+    assert {e.strategy.name for e in prof.entries[0]} == {"ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"}
     assert all(s["docs"] == 2 for s in summ)
 
 
@@ -245,3 +249,12 @@ def test_sampled_spec_matches_target_distribution():
     obs = torch.cat([obs, (trials - obs.sum()).reshape(1)])
     exp = torch.cat([exp, (trials - exp.sum()).reshape(1)])
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
+
+
+def test_bench_spec_extra_tree_argument():
+    from ssv.bench.spec import _tree_arg
+    assert _tree_arg("4,4,16") == TreeSpec(4, 4, 16)
+    with pytest.raises(ValueError, match="depth,top-k,tokens"):
+        _tree_arg("4x4x16")
+    with pytest.raises(ValueError, match="depth"):
+        _tree_arg("0,4,16")
