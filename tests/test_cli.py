@@ -418,6 +418,21 @@ def test_generate_with_a_profile(capsys, fast_default, random_head, tmp_path):
     fails(base + ["--mode", "ssv", "--draft", random_head, "--profile", tmp_path / "none.json"], capsys, "none.json")
 
 
+def test_bench_spec_command_writes_results_and_profile(capsys, fast_default, random_head, tmp_path):
+    args = ["bench", "spec", "--device", "cpu", "--draft", random_head, "--contexts", 48, "--docs", 1,
+            "--new-tokens", 6, "--warmup", 2, "--tree-depth", 3, "--tree-topk", 2, "--tree-tokens", 6,
+            "--out", tmp_path, "--modes", "ssv strict", "ssv strict tree 2x2x4", "--extra-trees", "2,2,4"]
+    succeeds(args, capsys)
+    d = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert {r["mode"] for r in d["rows"]} == {"ar", "ssv strict", "ssv strict tree 2x2x4"}
+    assert d["env"]["commit"] and d["env"]["date"]
+    assert all(r["first_diff_vs_ar"] is None for r in d["rows"])     # strict, fp32: identical to ar
+    prof = json.loads((tmp_path / "profile-cpu.json").read_text())
+    trees = {e["strategy"]["name"]: e["strategy"]["tree"]["depth"] for e in prof["entries"][0]}
+    assert trees == {"ssv strict": 3, "ssv strict tree 2x2x4": 2}
+    fails(args[:-1] + ["2x2x4"], capsys, "depth,top-k,tokens")
+
+
 def test_shipped_head_speculates_losslessly(capsys, fast_default):
     """The head shipped in ssv/data loads by default, accepts drafts, and keeps greedy output exact."""
     from ssv.draft import default_head_path

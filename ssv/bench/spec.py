@@ -181,6 +181,7 @@ def cmd_bench_spec(args) -> int:
     drafter = Eagle3Drafter(head, model)
     docs = eval_documents(tok, max(args.contexts), args.docs)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
+    extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
     if args.device == "cuda":
         env = environment()
     else:
