@@ -285,21 +285,27 @@ def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torc
 @triton.jit
 def nsa_path_blocks_fwd_kernel(
     w, k, v, kp, vp, S0, S, NBP, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
-    SP: tl.constexpr, D: tl.constexpr,
+    BSB: tl.constexpr, D: tl.constexpr,
 ):
-    # one program per (query, KV head): its path-specific compressed keys/values, w[n, b] @ k[h, s0:]
+    # one program per (query, KV head): its path-specific compressed keys/values, w[n, b] @ k[h, s0:],
+    # in slot tiles of BSB so a 128-token tree with D = 128 keeps its registers
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    o_s = tl.arange(0, SP)
     o_d = tl.arange(0, D)
-    m_s = o_s < S
-    p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
-    b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [SP, D]
-    b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
     for b in range(0, NBP):
-        b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s, other=0.0)                # [SP]
+        b_ak = tl.zeros([D], tl.float32)
+        b_av = tl.zeros([D], tl.float32)
+        for s0 in range(0, S, BSB):
+            o_s = s0 + tl.arange(0, BSB)
+            m_s = o_s < S
+            p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+            b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s, other=0.0)                 # [BSB]
+            b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
+            b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
+            b_ak += tl.sum(b_w[:, None] * b_k, 0)
+            b_av += tl.sum(b_w[:, None] * b_v, 0)
         o_o = i_n * s_pn + i_h * s_ph + b * s_pb + o_d
-        tl.store(kp + o_o, tl.sum(b_w[:, None] * b_k, 0))
-        tl.store(vp + o_o, tl.sum(b_w[:, None] * b_v, 0))
+        tl.store(kp + o_o, b_ak)
+        tl.store(vp + o_o, b_av)
 
 
 def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
@@ -332,9 +338,11 @@ def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, pref
         new = torch.empty if nbp else torch.zeros
         out = tuple(new(nq, hkv, max(nbp, 1), d, device=k.device, dtype=torch.float32) for _ in range(2))
     kp, vp = out
+    if kp.shape != (nq, hkv, max(nbp, 1), d) or vp.stride() != kp.stride() or kp.dtype != torch.float32:
+        raise ValueError(f"path-block outputs must be two fp32 [{nq}, {hkv}, {max(nbp, 1)}, {d}] with equal strides")
     if nq and nbp:
         wc = w.contiguous()
         nsa_path_blocks_fwd_kernel[(nq, hkv)](
             wc, k, v, kp, vp, int(s0), S, nbp, wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
-            kp.stride(0), kp.stride(1), kp.stride(2), SP=_pow2(S), D=d, num_warps=4)
+            kp.stride(0), kp.stride(1), kp.stride(2), BSB=32, D=d, num_warps=4)
     return kp, vp
