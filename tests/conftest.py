@@ -68,6 +68,37 @@ def make_tiny_model(seed: int = 0, *, nsa: NSAConfig | None = None, vocab: int =
     return model.eval()
 
 
+def write_word_tokenizer(folder, words, chat_template=None, bos_post_processor=True, **config) -> int:
+    """A word-level tokenizer.json + tokenizer_config.json in `folder` (<unk>, <s>, </s>, then `words`);
+    `config` adds or overrides tokenizer_config keys. Returns the vocabulary size."""
+    import json
+
+    import tokenizers
+    from tokenizers import processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for w in words:
+        vocab.setdefault(w, len(vocab))
+    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    t.add_special_tokens(["<unk>", "<s>", "</s>"])
+    if bos_post_processor:
+        t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    t.save(str(folder / "tokenizer.json"))
+    cfg = {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    cfg.update(config)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return len(vocab)
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    """write_word_tokenizer (see above), for tests that build tiny checkpoints."""
+    return write_word_tokenizer
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """Factory: tiny_model(seed, **kw) -> a random tiny Transformer (see make_tiny_model)."""

@@ -33,25 +33,16 @@ def fresh_seed() -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
+def tiny_ckpt(tmp_path_factory, word_tokenizer):
     """A random Llama in Hugging Face layout with max_position_embeddings 64 and a word-level tokenizer."""
-    import tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny_hf")
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for w in WORDS:
-        vocab.setdefault(w, len(vocab))
-    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    t.add_special_tokens(["<unk>", "<s>", "</s>"])
-    t.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
-        "chat_template": "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-                         "{% if add_generation_prompt %}assistant {% endif %}"}))
+    n_vocab = word_tokenizer(folder, WORDS, bos_post_processor=False, eos_token="</s>", add_bos_token=False,
+                             chat_template="{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                                           "{% if add_generation_prompt %}assistant {% endif %}")
     torch.manual_seed(fresh_seed())
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=n_vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_CONTEXT,
                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(str(folder))

@@ -473,33 +473,13 @@ def test_tokenizer_save_load(gguf_first, tmp_path):
 
 
 # ============================================================================ (c) HF Llama / Qwen2
-def _write_word_tokenizer(folder: Path, words, chat_template=None, bos_post_processor=True):
-    import tokenizers
-    from tokenizers import processors
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for w in words:
-        vocab.setdefault(w, len(vocab))
-    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    t.add_special_tokens(["<unk>", "<s>", "</s>"])
-    if bos_post_processor:
-        t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    t.save(str(folder / "tokenizer.json"))
-    cfg = {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}}
-    if chat_template:
-        cfg["chat_template"] = chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return len(vocab)
-
-
 def _save_hf(model, folder: Path, **kw):
     model.save_pretrained(str(folder), **kw)
     return folder
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
+def tiny_llama(tmp_path_factory, word_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -512,9 +492,9 @@ def tiny_llama(tmp_path_factory):
     model = LlamaForCausalLM(cfg).eval()
     folder = tmp_path_factory.mktemp("tiny_llama")
     _save_hf(model, folder)
-    _write_word_tokenizer(folder, ["hello", "world", "user", "assistant"],
-                          chat_template="{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
-                                        "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}")
+    word_tokenizer(folder, ["hello", "world", "user", "assistant"],
+                   chat_template="{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
+                                 "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}")
     return folder, {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -691,7 +671,7 @@ def test_fla_nsa_checkpoint_maps_every_tensor(tmp_path):
         assert fla_to_internal_name(src) == dst
 
 
-def test_fla_variants(tmp_path):
+def test_fla_variants(tmp_path, word_tokenizer):
     # head_dim honoured when the tensors use it, q/k/v biases, tied head, rotary buffer, non-pow2 counts
     cfg = fla_config(head_dim=32, qkv_bias=True, tie_word_embeddings=True, block_counts=5, block_size=32,
                      window_size=None, intermediate_size=48, num_kv_heads=None, num_heads=4,
@@ -699,7 +679,7 @@ def test_fla_variants(tmp_path):
     raw = fla_tensors(dict(cfg, num_kv_heads=4), layer_head_dim=32, dtype=torch.float32)
     raw["model.layers.0.attn.rotary.inv_freq"] = torch.ones(16)  # derived buffer of older FLA: dropped
     folder = write_fla(tmp_path / "nsa2", cfg, raw)
-    _write_word_tokenizer(folder, ["a", "b", "<eot>"], bos_post_processor=False)
+    word_tokenizer(folder, ["a", "b", "<eot>"], bos_post_processor=False)
     ck = load_checkpoint(str(folder))
     c = ck.config
     assert (c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size) == (32, 4, 4, 48)

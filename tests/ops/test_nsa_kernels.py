@@ -22,17 +22,11 @@ DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float32]
 
 
 def rand_tree(n, gen, chain=False):
+    """(depth, ancestor mask) of a random tree (a chain when chain=True), from ssv.spec.tree."""
+    from ssv.spec.tree import DraftTree, tree_metadata
     par = [-1] + [(i - 1 if chain else int(torch.randint(0, i, (1,), generator=gen))) for i in range(1, n)]
-    depth = [0] * n
-    for i in range(1, n):
-        depth[i] = depth[par[i]] + 1
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = par[j]
-    return torch.tensor(depth), mask
+    meta = tree_metadata(DraftTree(torch.zeros(n, dtype=torch.long), torch.tensor(par), torch.zeros(n)), 0)
+    return meta.depth, meta.mask
 
 
 def make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=False):

@@ -39,6 +39,19 @@ def _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb):
 
 
 @triton.jit
+def _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr,
+                 D: tl.constexpr):
+    # rows are (query, head) pairs of CR queries x the GQA group's G heads; log2(e) and the scale folded in
+    o_r = tl.arange(0, BM)
+    o_qi = (i_g * CR + o_r // G).to(tl.int64)
+    m_r = (o_r < CR * G) & (o_qi < N)
+    o_hq = i_h * G + o_r % G
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
+    return (b_q * (scale * 1.4426950408889634)).to(b_q.dtype), o_r, o_qi, m_r, o_hq, o_d
+
+
+@triton.jit
 def nsa_route_lse_fwd_kernel(
     q, kc, vc, kp, vp, npath, m_out, l_out, a_out,
     N, NBPRE, NBP, BPS, scale,
@@ -47,13 +60,7 @@ def nsa_route_lse_fwd_kernel(
     WANT_O: tl.constexpr,
 ):
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_r = tl.arange(0, BM)
-    o_qi = (i_g * CR + o_r // G).to(tl.int64)
-    m_r = (o_r < CR * G) & (o_qi < N)
-    o_hq = i_h * G + o_r % G
-    o_d = tl.arange(0, D)
-    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
-    b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
@@ -104,14 +111,8 @@ def nsa_route_imp_fwd_kernel(
     WANT_O: tl.constexpr, CRP: tl.constexpr,
 ):
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_r = tl.arange(0, BM)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
     o_c = o_r // G
-    o_qi = (i_g * CR + o_c).to(tl.int64)
-    m_r = (o_r < CR * G) & (o_qi < N)
-    o_hq = i_h * G + o_r % G
-    o_d = tl.arange(0, D)
-    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
-    b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
     # merge the splits' partial softmax states into the final (base-2) log-sum-exp
     b_m = tl.full([BM], float("-inf"), tl.float32)
     for s in range(0, NSPLIT):
