@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ssv.config import NSAConfig
+from ssv.ops.utils import pow2, sm_count
 
 
 @triton.jit
@@ -196,9 +197,6 @@ def nsa_route_topk_fwd_kernel(
     tl.store(idx + i_n64 * s_xn + i_h * s_xh + o_k, tl.full([NSELP], -1, tl.int32), mask=(o_k >= cnt) & (o_k < NSEL))
 
 
-def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(int(x)))
-
 
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks: int,
               k_path: torch.Tensor, v_path: torch.Tensor, n_path: torch.Tensor, positions: torch.Tensor,
@@ -223,11 +221,11 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     if nbs > 8192:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of 8192")
     cr = max(1, min(n, max_rows // g)) if g <= max_rows else 1
-    bm = _pow2(cr * g)
+    bm = pow2(cr * g)
     ngr = triton.cdiv(n, cr)
     bc = 64
     if n_split is None:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        sms = sm_count(dev)
         n_split = max(1, min(triton.cdiv(max(nbpre, 1), bc), (2 * sms) // max(1, ngr * hkv)))
     bps = triton.cdiv(max(nbpre, 1), n_split * bc) * bc
     n_split = max(1, triton.cdiv(max(nbpre, 1), bps))
@@ -250,14 +248,14 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     nsa_route_imp_fwd_kernel[(ngr, hkv, n_split)](
         q, k_cmp, kp, npath, m_part, l_part, a_part, psum, o_cmp, lse, n, nbpre, nbp, bps, n_split,
         float(scale), q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0),
-        kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), CRP=_pow2(cr), **common)
+        kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), CRP=pow2(cr), **common)
     imp = torch.empty(n, hkv, nbs, **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     nsa_route_topk_fwd_kernel[(n, hkv)](
         psum, npath, pos, imp, idx, nbpre, nbs,
         psum.stride(0), psum.stride(1), imp.stride(0), imp.stride(1), idx.stride(0), idx.stride(1),
         LS=cfg.slc_block, R=cfg.slc_block // cfg.cmp_stride, A=-(-cfg.cmp_block // cfg.cmp_stride),
-        BJ=_pow2(nbs), NSEL=cfg.n_select, NSELP=_pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
+        BJ=pow2(nbs), NSEL=cfg.n_select, NSELP=pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
         FORCED_LOCAL=cfg.forced_local, num_warps=4)
     return idx, imp, lse, (o_cmp if want_o else None)
 

@@ -18,9 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-BIG = 1 << 30
+from ssv.ops.utils import pow2, sm_count
 
 
 @triton.jit
@@ -225,9 +223,6 @@ def nsa_verify_combine_kernel(
     _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
 
 
-def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(int(x)))
-
 
 def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, positions: torch.Tensor,
                tree_mask: torch.Tensor, block_indices: torch.Tensor, slc_block: int, window: int,
@@ -258,7 +253,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     if n == 0:
         return out, lse_a, lse_b
     rows = group_size * g
-    bm = min(_pow2(rows), _pow2(max_rows))
+    bm = min(pow2(rows), pow2(max_rows))
     nsel = block_indices.shape[-1]
     # no conversions when the plan already holds these dtypes: a layer's run is the launch alone
     tm = (tree_mask if tree_mask.dtype == torch.uint8 else tree_mask.to(torch.uint8)).contiguous()
@@ -270,26 +265,27 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ng, nrs = triton.cdiv(n, group_size), triton.cdiv(rows, bm)
     if n_split is None:
         # flash-decoding style: enough programs to cover the GPU twice, at least ~2 tiles each
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        sms = sm_count(q.device)
         work = min(cq * nsel, -(-prefix_len // slc_block)) + window // slc_block + 2
         n_split = max(1, min(16, (2 * sms) // (ng * hkv * nrs), work // 2))
     split = n_split > 1
-    ws = max(1, n_split if split else 1)
-    ws_m = torch.empty(ws * n * hq * 2 if split else 1, device=q.device, dtype=torch.float32)
+    # partial softmax states of the KV splits (two branches per row for gated NSA); unused unsplit
+    n_ws = n_split * n * hq * 2 if split else 1
+    ws_m = torch.empty(n_ws, device=q.device, dtype=torch.float32)
     ws_l = torch.empty_like(ws_m)
-    ws_a = torch.empty(ws * n * hq * 2 * d if split else 1, device=q.device, dtype=torch.float32)
+    ws_a = torch.empty(n_ws * d if split else 1, device=q.device, dtype=torch.float32)
     tune = q.is_cuda and tune is not False  # the interpreter has nothing to time
     launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[(ng, hkv, nrs * n_split)](
         q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
         n, int(prefix_len), int(window), float(scale), n_split,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
-        G=g, C=group_size, CQ=cq, CE=cq * _pow2(nsel, 1), BM=bm, D=d, BS=slc_block, NSEL=nsel,
-        NSELP=_pow2(nsel, 1), BT=_pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split, **launch,
+        G=g, C=group_size, CQ=cq, CE=cq * pow2(nsel, 1), BM=bm, D=d, BS=slc_block, NSEL=nsel,
+        NSELP=pow2(nsel, 1), BT=pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split, **launch,
     )
     if split:
         nsa_verify_combine_kernel[(n,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
-                                        BM=_pow2(hq), D=d, GATED=gated, num_warps=4)
+                                        BM=pow2(hq), D=d, GATED=gated, num_warps=4)
     return out, lse_a, lse_b
 
 
