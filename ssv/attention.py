@@ -71,6 +71,13 @@ class VerifyOptions:
         if self.refresh is not None and (len(self.refresh) == 0 or not self.refresh[0]):
             raise ValueError("refresh schedule must start with a refresh layer")
 
+    @staticmethod
+    def every(k: int, n_layers: int) -> Optional[tuple]:
+        """The refresh schedule "routing at every k-th layer" (None when k = 1: every layer)."""
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"refresh period must be an int >= 1, got {k!r}")
+        return None if k == 1 else tuple(i % k == 0 for i in range(n_layers))
+
     def refreshes(self, layer: int) -> bool:
         """Whether `layer` recomputes routing (the schedule repeats past its length)."""
         return self.refresh is None or bool(self.refresh[layer % len(self.refresh)])

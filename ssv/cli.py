@@ -118,10 +118,8 @@ def _spec_setup(args, model):
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
     else:
-        refresh = None
-        if args.refresh_every > 1:
-            refresh = tuple(i % args.refresh_every == 0 for i in range(model.cfg.n_layers))
-        verify = VerifyOptions(group_size=args.group_size, precision=args.precision, refresh=refresh)
+        verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
+                               refresh=VerifyOptions.every(args.refresh_every, model.cfg.n_layers))
     opts = SpecOptions(tree=tree, order=args.traversal, verify=verify)
     p = next(model.parameters())
     if args.draft == "default":

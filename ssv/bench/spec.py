@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ssv.attention import VerifyOptions
 from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
-from ssv.engine.spec import SpecOptions, generate_spec
+from ssv.engine.spec import generate_spec
 from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
 
@@ -48,34 +47,26 @@ def eval_documents(tok, min_tokens: int, count: int) -> list:
     return docs
 
 
-def modes(n_layers: int, group_size: int = 4, extra_trees=()):
-    """name -> (attention, VerifyOptions, tree or None = the run's tree). extra_trees add strict modes
-    with other tree shapes, so the planner's profile can rank tree shapes too."""
-    reuse = tuple(i % 2 == 0 for i in range(n_layers))
+def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=()) -> dict:
+    """name -> (attention, Strategy). extra_trees add strict modes with other tree shapes, so the
+    planner's profile can rank tree shapes too."""
+    from ssv.spec.planner import Strategy
     table = {
-        "sd-naive": ("nsa", VerifyOptions(1, "strict"), None),
-        "ssv strict": ("nsa", VerifyOptions(group_size, "strict"), None),
-        "ssv approx C16": ("nsa", VerifyOptions(16, "approx"), None),
-        "ssv approx C16 reuse/2": ("nsa", VerifyOptions(16, "approx", refresh=reuse), None),
-        "eagle3 dense": ("dense", VerifyOptions(1, "strict"), None),
+        "sd-naive": ("nsa", Strategy("sd-naive", tree, order, 1)),
+        "ssv strict": ("nsa", Strategy("ssv strict", tree, order, group_size)),
+        "ssv approx C16": ("nsa", Strategy("ssv approx C16", tree, order, 16, "approx")),
+        "ssv approx C16 reuse/2": ("nsa", Strategy("ssv approx C16 reuse/2", tree, order, 16, "approx", 2)),
+        "eagle3 dense": ("dense", Strategy("eagle3 dense", tree, order, 1)),
     }
     for t in extra_trees:
-        table[f"ssv strict tree {t.depth}x{t.top_k}x{t.total_tokens}"] = ("nsa", VerifyOptions(group_size, "strict"), t)
+        name = f"ssv strict tree {t.depth}x{t.top_k}x{t.total_tokens}"
+        table[name] = ("nsa", Strategy(name, t, order, group_size))
     return table
 
 
-def strategies(tree: TreeSpec, order: str, n_layers: int, group_size: int = 4, extra_trees=()) -> dict:
+def strategies(tree: TreeSpec, order: str, group_size: int = 4, extra_trees=()) -> dict:
     """The benchmark's NSA modes as planner strategies (ar and dense attention are not strategies)."""
-    from ssv.spec.planner import Strategy
-    out = {}
-    for name, (att, vo, own) in modes(n_layers, group_size, extra_trees).items():
-        if att != "nsa":
-            continue
-        every = 1
-        if vo.refresh is not None:  # the schedule's period: the next refresh layer after layer 0
-            every = next((i for i in range(1, n_layers) if vo.refresh[i]), n_layers)
-        out[name] = Strategy(name, own or tree, order, vo.group_size, vo.precision, every)
-    return out
+    return {name: s for name, (att, s) in modes(tree, order, group_size, extra_trees).items() if att == "nsa"}
 
 
 def first_diff(a: list, b: list):
@@ -91,14 +82,14 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
     launch-config tuning do not land in the first document's tokens/s."""
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     rows = []
-    table = modes(model.cfg.n_layers, extra_trees=extra_trees)
+    n_layers = model.cfg.n_layers
+    table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees).items()
+             if not which or name in which}
     if warmup and docs and contexts:
         ids = docs[0][:contexts[0]]
         generate_ar(make_runner("nsa"), ids, SamplingParams(), warmup)
-        for name, (att, vo, own) in table.items():
-            if not which or name in which:
-                generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup,
-                              SpecOptions(own or tree, order, vo))
+        for att, opts in table.values():
+            generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup, opts)
     for L in contexts:
         for d, doc in enumerate(docs):
             ids = doc[:L]
@@ -106,11 +97,8 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
             rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
                              tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None,
                              min_top2_margin=min(ar.stats["top2_margins"])))
-            for name, (att, vo, own) in table.items():
-                if which and name not in which:
-                    continue
-                sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens,
-                                   SpecOptions(own or tree, order, vo))
+            for name, (att, opts) in table.items():
+                sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens, opts)
                 st = sd.stats
                 diff = first_diff(ar.token_ids, sd.token_ids)
                 rows.append(dict(context=L, doc=d, mode=name, mean_accepted_length=st["mean_accepted_length"],
@@ -205,7 +193,7 @@ def cmd_bench_spec(args) -> int:
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the offline profile of the adaptive planner (`ssv generate --profile`)
-        prof = Profile.from_rows(rows, strategies(tree, "pos", model.cfg.n_layers, extra_trees=extra),
+        prof = Profile.from_rows(rows, strategies(tree, "pos", extra_trees=extra),
                                  meta={"env": env, "source": f"ssv bench spec, {len(docs)} documents"})
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:

@@ -52,8 +52,8 @@ class Strategy:
         """The engine's SpecOptions for a target of n_layers."""
         from ssv.attention import VerifyOptions
         from ssv.engine.spec import SpecOptions
-        refresh = None if self.refresh_every == 1 else tuple(i % self.refresh_every == 0 for i in range(n_layers))
-        return SpecOptions(self.tree, self.order, VerifyOptions(self.group_size, self.precision, refresh))
+        return SpecOptions(self.tree, self.order, VerifyOptions(self.group_size, self.precision,
+                                                                VerifyOptions.every(self.refresh_every, n_layers)))
 
     def to_json(self) -> dict:
         d = asdict(self)

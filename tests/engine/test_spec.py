@@ -187,7 +187,7 @@ def test_bench_spec_rows_and_summary():
     assert {s["mode"] for s in summ} == {"ar", "ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"}
     from ssv.bench.spec import strategies
     from ssv.spec.planner import Profile
-    strat = strategies(TreeSpec(5, 2, 11), "pos", model.cfg.n_layers, extra_trees=(TreeSpec(3, 2, 6),))
+    strat = strategies(TreeSpec(5, 2, 11), "pos", extra_trees=(TreeSpec(3, 2, 6),))
     assert strat["ssv strict tree 3x2x6"].tree == TreeSpec(3, 2, 6) and strat["ssv strict"].tree.depth == 5
     assert strat["ssv approx C16 reuse/2"].refresh_every == 2 and strat["sd-naive"].group_size == 1
     prof = Profile.from_rows(rows, strat)   # the planner's offline profile from these rows
