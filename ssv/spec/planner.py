@@ -190,6 +190,8 @@ class AdaptivePlanner:
         self.scale = 1.0              # observed / profiled drafting quality, carried across buckets
         self._bucket: Optional[int] = None
         self._entry: Optional[Entry] = None
+        self._opts = None             # the current strategy's SpecOptions, built once per switch
+        self.used_approx = False      # whether any round ran an approximate strategy (output may differ from AR)
         self._seen: deque = deque(maxlen=self.window)
         self.rounds = 0
         self.switches: List[dict] = []
@@ -205,7 +207,7 @@ class AdaptivePlanner:
         if b != self._bucket:
             self._bucket = b
             self._set(self.profile.ranked(b, self.allow_approx, self.scale)[0], "bucket", context)
-        return self._entry.strategy.options(self.n_layers)
+        return self._opts
 
     def observe(self, accepted: int) -> None:
         """Tokens emitted by the last round (accepted path + bonus)."""
@@ -214,6 +216,7 @@ class AdaptivePlanner:
         self.rounds += 1
         name = self._entry.strategy.name
         self.rounds_by_strategy[name] = self.rounds_by_strategy.get(name, 0) + 1
+        self.used_approx |= self._entry.strategy.precision == "approx"
         self._seen.append(accepted)
         if len(self._seen) < self.window:
             return
@@ -236,14 +239,9 @@ class AdaptivePlanner:
         if self._entry is None or entry.strategy != self._entry.strategy:
             self.switches.append({"round": self.rounds, "reason": why, "context": context, "observed_length": seen,
                                   "from": self.current.name if self._entry else None, "to": entry.strategy.name})
+            self._opts = entry.strategy.options(self.n_layers)
         self._entry = entry
         self._seen.clear()
-
-    @property
-    def used_approx(self) -> bool:
-        """Whether any round so far ran an approximate strategy (the output may differ from AR)."""
-        approx = {e.strategy.name for es in self.profile.entries for e in es if e.strategy.precision == "approx"}
-        return any(n in approx for n in self.rounds_by_strategy)
 
     def summary(self) -> dict:
         return {"strategy": self.current.name if self._entry else None, "scale": self.scale,
