@@ -168,14 +168,8 @@ class Eagle3Config:
                    window: int = DEFAULT_WINDOW, layer_ids: Optional[Sequence[int]] = None,
                    max_position_embeddings: int = 2048) -> "Eagle3Config":
         """A head shaped like one decoder layer of `target` (EAGLE-3's choice)."""
-        rope = target.rope
-        scaling = None
-        if rope.scaling == "linear":
-            scaling = {"rope_type": "linear", "factor": rope.factor}
-        elif rope.scaling == "llama3":
-            scaling = {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-                       "high_freq_factor": rope.high_freq_factor,
-                       "original_max_position_embeddings": rope.original_max_position}
+        from ssv.loaders.hf import rope_scaling_to_hf
+        rope, scaling = target.rope, rope_scaling_to_hf(target.rope)
         return cls(
             hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
             num_attention_heads=target.n_heads, num_key_value_heads=target.n_kv_heads,

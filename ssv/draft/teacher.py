@@ -22,13 +22,8 @@ def hf_config(cfg: ModelConfig, pad_id: int = 0):
     """A transformers config equivalent to `cfg` (Llama, or Qwen2 when it has q/k/v biases)."""
     if cfg.nsa is not None and cfg.nsa.gating == "gated":
         raise ValueError("a gated-NSA checkpoint has no Hugging Face equivalent; use --teacher-backend ssv")
-    r = cfg.rope
-    rope = {"rope_type": "default", "rope_theta": r.theta}
-    if r.scaling == "linear":
-        rope.update(rope_type="linear", factor=r.factor)
-    elif r.scaling == "llama3":
-        rope.update(rope_type="llama3", factor=r.factor, low_freq_factor=r.low_freq_factor,
-                    high_freq_factor=r.high_freq_factor, original_max_position_embeddings=r.original_max_position)
+    from ssv.loaders.hf import rope_scaling_to_hf
+    rope = {"rope_type": "default", **(rope_scaling_to_hf(cfg.rope) or {}), "rope_theta": cfg.rope.theta}
     kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
               num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
               max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, rope_parameters=rope,

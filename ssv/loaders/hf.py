@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -26,6 +27,17 @@ def _ids(value) -> tuple:
     if isinstance(value, (list, tuple)):
         return tuple(int(v) for v in value if v is not None)
     return (int(value),)
+
+
+def rope_scaling_to_hf(rope: RopeConfig) -> Optional[dict]:
+    """The Hugging Face `rope_scaling` dict of a RopeConfig (None: plain RoPE); inverse of rope_from_hf."""
+    if rope.scaling == "linear":
+        return {"rope_type": "linear", "factor": rope.factor}
+    if rope.scaling == "llama3":
+        return {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+                "high_freq_factor": rope.high_freq_factor,
+                "original_max_position_embeddings": rope.original_max_position}
+    return None
 
 
 def rope_from_hf(cfg: dict, where: str = "config.json") -> RopeConfig:
