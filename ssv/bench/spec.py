@@ -14,8 +14,6 @@ import argparse
 import json
 import os
 import sys
-import sysconfig
-from pathlib import Path
 
 import torch
 
@@ -28,15 +26,11 @@ from ssv.spec.tree import TreeSpec
 
 def eval_documents(tok, min_tokens: int, count: int) -> list:
     """`count` token lists of >= min_tokens each, from eval-split stdlib files concatenated in order."""
-    from ssv.draft.data import _stdlib_files, is_eval
+    from ssv.draft.data import document_text, split_files
 
-    root = Path(sysconfig.get_paths()["stdlib"])
     docs, cur = [], []
-    for path in _stdlib_files():
-        rel = path.relative_to(root).as_posix()
-        if not is_eval(f"file:{rel}"):
-            continue
-        cur += tok.encode(f"# file: {rel}\n" + path.read_text(encoding="utf-8", errors="replace"))
+    for path, rel in split_files("eval"):
+        cur += tok.encode(document_text(path, rel))
         if len(cur) >= min_tokens:
             docs.append(cur[:min_tokens])
             cur = []

@@ -232,6 +232,20 @@ def clean_question(text: str) -> Optional[str]:
     return text
 
 
+def split_files(split: str) -> List[tuple]:
+    """(path, stdlib-relative name) of the stdlib files on one side of the split, in stdlib order."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [(path, path.relative_to(root).as_posix()) for path in _stdlib_files()]
+    return [(p, rel) for p, rel in files if is_eval(f"file:{rel}") == (split == "eval")]
+
+
+def document_text(path: Path, rel: str) -> str:
+    """A source file as a plain document: the form trained on (--raw-tokens) and evaluated on (bench spec)."""
+    return f"# file: {rel}\n" + path.read_text(encoding="utf-8", errors="replace")
+
+
 def raw_documents(tokenizer, split: str, seq_len: int, max_tokens: int, min_len: int = 128) -> List[List[int]]:
     """Plain stdlib source files of one side of the split, as `seq_len`-token pieces (at most
     `max_tokens` in all), in the format `ssv bench spec` continues: "# file: <path>" + the source.
@@ -240,19 +254,14 @@ def raw_documents(tokenizer, split: str, seq_len: int, max_tokens: int, min_len:
     label (loss on all tokens), so the head also learns to continue long documents, which chat
     answers alone do not teach. Files are taken in a hash order so a token cap samples the stdlib.
     """
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [(path, path.relative_to(root).as_posix()) for path in _stdlib_files()]
-    files = [(p, rel) for p, rel in files if is_eval(f"file:{rel}") == (split == "eval")]
-    files.sort(key=lambda f: (_h("raw:" + f[1]), f[1]))
+    files = sorted(split_files(split), key=lambda f: (_h("raw:" + f[1]), f[1]))
     out, total, min_len = [], 0, min(min_len, seq_len)
     for path, rel in files:
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = document_text(path, rel)
         except OSError:
             continue
-        ids = tokenizer.encode(f"# file: {rel}\n" + text)
+        ids = tokenizer.encode(text)
         for i in range(0, len(ids), seq_len):
             piece = ids[i:i + seq_len]
             if len(piece) < min_len:

@@ -25,7 +25,8 @@ def sampled(prompt_id: str, frac: float) -> bool:
     return h / 2 ** 32 < frac
 
 
-def _save_atomic(obj, path: Path) -> None:
+def save_atomic(obj, path: Path) -> None:
+    """torch.save that never leaves a half-written file (a run stopped mid-write resumes cleanly)."""
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -63,9 +64,7 @@ def generate_split(data_dir: Path, split: str, prompts: Sequence[dict], teacher,
         answers = _generate(teacher, [ids[i] for i in idx], max_new_tokens, eos, sample=do_sample,
                             temperature=temperature, top_p=top_p, seed=seed * 100003 + b)
         seqs = [(ids[i] + a)[:seq_len] for i, a in zip(idx, answers)]
-        _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),
-                      "prompt_len": [min(len(ids[i]), seq_len) for i in idx],
-                      "prompt_id": [prompts[i]["id"] for i in idx], "sampled": do_sample}, path)
+        _save_shard(path, seqs, [min(len(ids[i]), seq_len) for i in idx], [prompts[i]["id"] for i in idx], do_sample)
         slowest = max(slowest, time.time() - t_batch)
         bar.update(1)
     bar.close()
@@ -83,9 +82,8 @@ def write_raw_split(data_dir: Path, split: str, pieces: Sequence[Sequence[int]],
         stale.unlink()
     for b in range(0, len(pieces), shard):
         seqs = [list(p) for p in pieces[b:b + shard]]
-        _save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]),
-                      "prompt_len": [0] * len(seqs), "prompt_id": [f"raw:{split}:{b + i}" for i in range(len(seqs))],
-                      "sampled": False}, data_dir / f"{split}_raw_{b // shard:05d}.pt")
+        _save_shard(data_dir / f"{split}_raw_{b // shard:05d}.pt", seqs, [0] * len(seqs),
+                    [f"raw:{split}:{b + i}" for i in range(len(seqs))], False)
     (data_dir / f"{split}_raw.done").write_text(f"{len(pieces)}\n")
 
 
@@ -115,6 +113,11 @@ def load_split(data_dir: Path, split: str) -> List[dict]:
         for seq, pl in zip(seqs, shard["prompt_len"]):
             out.append({"ids": seq, "prompt_len": int(pl)})
     return out
+
+
+def _save_shard(path: Path, seqs: List[List[int]], prompt_len: List[int], prompt_id: List[str], sampled: bool) -> None:
+    save_atomic({"tokens": _pack(seqs), "lengths": torch.tensor([len(s) for s in seqs]), "prompt_len": prompt_len,
+                 "prompt_id": prompt_id, "sampled": sampled}, path)
 
 
 def _pack(seqs: List[List[int]]) -> torch.Tensor:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import sys
@@ -42,12 +41,6 @@ def init_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool
             head.lm_head.weight.copy_(w[head.target_ids()])
             head.norm.weight.copy_(sd["model.norm.weight"])
     return head
-
-
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def _rng_state() -> dict:
@@ -165,7 +158,7 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
         log(f"resumed at step {step} (epoch {epoch}, batch {cursor})")
 
     def save(final=False):
-        _save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
+        gen.save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
                       "epoch": epoch, "cursor": cursor, "rng": _rng_state(), "done": final,
                       "config": hcfg.to_json_dict()}, state_path)
 
