@@ -76,6 +76,9 @@ stage)
         gguf==0.19.0 Jinja2==3.1.6 MarkupSafe==3.0.2 PyYAML==6.0.2
     ls -la "$STAGE" .whl
     ;;
+assemble)  # the GGUF from the received parts (other scripts call this)
+    assemble_gguf
+    ;;
 receive)  # keep a carried part outside the repo, where the next call finds it
     part=${2:?usage: receive <part number>}
     mkdir -p /tmp/stage
