@@ -115,7 +115,7 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / ms / 1e9  # TB/s, bytes read + written
 
 
-def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=None, split_sweep=()):
+def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=()):
     from ssv.ops.nsa.naive import num_cmp_blocks
     from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
     from ssv.ops.nsa.verify import nsa_verify
@@ -132,11 +132,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, traces=N
     pos = (T + depth).to(dev)
     tmask = mask.to(dev)
     tm8 = tmask.to(torch.uint8)  # the plan's dtypes, prepared once per step (not per layer)
-    if traces is not None:
-        idx = traces
-    else:
-        idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen)
-    idx = idx.to(device=dev, dtype=torch.int32)
+    idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen).to(device=dev, dtype=torch.int32)
     nb = num_cmp_blocks(T, cfg)
     kc = torch.randn(n_layers, hkv, nb, d, device=dev, dtype=dtype)
     vc = torch.randn_like(kc)
@@ -244,7 +240,7 @@ def trace_rounds(path: str, max_rounds: int = 3, layers=None):
     return overlap, picks
 
 
-def run_traces(path, fla=None):
+def run_traces(path):
     """Kernel rows on real selections (default model shape): naive vs SSV exact/approx per recorded step."""
     from ssv.ops.nsa.verify import nsa_verify
     cfg = NSAConfig()
