@@ -229,7 +229,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
-               tune: Optional[bool] = None):
+               tune: Optional[bool] = None, launch: Optional[dict] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -275,7 +275,10 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ws_l = torch.empty_like(ws_m)
     ws_a = torch.empty(n_ws * d if split else 1, device=q.device, dtype=torch.float32)
     tune = q.is_cuda and tune is not False  # the interpreter has nothing to time
-    launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
+    if launch is None:  # an explicit launch config (num_warps, num_stages) is for probes; it skips tuning
+        launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
+    else:
+        tune = False
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[(ng, hkv, nrs * n_split)](
         q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
         n, int(prefix_len), int(window), float(scale), n_split,
