@@ -2,6 +2,8 @@
 
   python3 scripts/gpu_probe.py time            # graph-replay timings of launch-config variants
   ncu ... python3 scripts/gpu_probe.py once    # each variant launched twice, for Nsight Compute
+  TRITON_INTERPRET=1 python3 scripts/gpu_probe.py cpu   # smoke run on a small case, no GPU
+  (a second argument, comma-separated names, picks variants)
 
 Not a benchmark (no JSON, no baselines): it answers "where does the time go" between bench runs.
 """
@@ -16,53 +18,90 @@ from ssv.config import NSAConfig
 from ssv.ops.nsa.verify import nsa_verify
 
 
-def case(shape="llama3.1-8b", T=65536, N=64, overlap=0.75, seed=0):
+def case(shape="llama3.1-8b", T=65536, N=64, overlap=0.75, seed=0, dev="cuda", dtype=torch.bfloat16):
     hq, hkv, d = SHAPES[shape]
     cfg = NSAConfig()
     gen = torch.Generator().manual_seed(seed)
-    k = torch.randn(hkv, T + N, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(hkv, T + N, d, device=dev, dtype=dtype)
     v = torch.randn_like(k)
-    q = torch.randn(N, hq, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(N, hq, d, device=dev, dtype=dtype)
     depth, mask = eagle_tree(N, gen)
-    pos = (T + depth).to("cuda")
-    idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen).to(device="cuda", dtype=torch.int32)
-    return dict(q=q, k=k, v=v, T=T, pos=pos, tm=mask.to("cuda", torch.uint8), idx=idx, cfg=cfg)
+    pos = (T + depth).to(dev)
+    idx = synthetic_selection(pos.cpu(), hkv, cfg, overlap, gen).to(device=dev, dtype=torch.int32)
+    return dict(q=q, k=k, v=v, T=T, pos=pos, tm=mask.to(dev, torch.uint8), idx=idx, cfg=cfg)
 
 
-VARIANTS = [  # name, C, approx, n_split, num_warps, num_stages
-    ("naive", 1, False, 1, 4, 3),
-    ("exact4", 4, False, 2, 4, 3),
-    ("exact4-nosplit", 4, False, 1, 4, 3),
-    ("exact4-s4", 4, False, 4, 4, 3),
-    ("exact4-st2", 4, False, 2, 4, 2),
-    ("exact4-w8", 4, False, 2, 8, 3),
-    ("exact16-s8", 16, False, 8, 4, 3),
-    ("exact16-s8-w8", 16, False, 8, 8, 3),
-    ("approx16", 16, True, None, 4, 3),
+V3 = dict(lists=False, tma=False)
+VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stages, extra nsa_verify kwargs
+    ("naive v3", 1, False, 1, 4, 3, V3),
+    ("naive", 1, False, 1, 4, 3, {}),
+    ("naive s2", 1, False, 1, 4, 2, {}),
+    ("naive split2", 1, False, 2, 4, 3, {}),
+    ("exact4 v3", 4, False, 2, 4, 3, V3),
+    ("exact4 lists", 4, False, 2, 4, 3, dict(tma=False)),
+    ("exact4", 4, False, 2, 4, 3, {}),
+    ("exact4 split1", 4, False, 1, 4, 3, {}),
+    ("exact4 split3", 4, False, 3, 4, 3, {}),
+    ("exact4 split4", 4, False, 4, 4, 3, {}),
+    ("exact4 s2", 4, False, 2, 4, 2, {}),
+    ("exact4 s4", 4, False, 2, 4, 4, {}),
+    ("exact4 w8", 4, False, 2, 8, 3, {}),
+    ("exact2", 2, False, None, 4, 3, {}),
+    ("exact8", 8, False, None, 4, 3, {}),
+    ("exact8 w8", 8, False, None, 8, 3, {}),
+    ("exact8 split4", 8, False, 4, 4, 3, {}),
+    ("exact16 v3 s8 w8", 16, False, 8, 8, 3, V3),
+    ("exact16 s8 w8", 16, False, 8, 8, 3, {}),
+    ("exact16 s4 w8", 16, False, 4, 8, 3, {}),
+    ("exact16 s8 w4", 16, False, 8, 4, 3, {}),
+    ("exact16 s8 w8 st2", 16, False, 8, 8, 2, {}),
+    ("approx4", 4, True, None, 4, 3, {}),
+    ("approx16 v3", 16, True, None, 4, 3, V3),
+    ("approx16", 16, True, None, 4, 3, {}),
+    ("approx16 w8", 16, True, None, 8, 3, {}),
 ]
 
 
-def launcher(c, C, approx, n_split, warps, stages):
+def launcher(c, C, approx, n_split, warps, stages, extra):
     import ssv.ops.nsa.verify as V
     out = torch.empty_like(c["q"])
 
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
                      c["cfg"].window, group_size=C, approx=approx, out=out, n_split=n_split, tune=False,
-                     launch=dict(num_warps=warps, num_stages=stages))
-    return f
+                     launch=dict(num_warps=warps, num_stages=stages), **extra)
+    return f, out
+
+
+def check(c, fn, C, approx):
+    """Relative error of one variant against the plain per-query launch path (v3, C=1)."""
+    import ssv.ops.nsa.verify as V
+    ref = V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
+                       c["cfg"].window, group_size=C if approx else 1, approx=approx, tune=False,
+                       lists=False, tma=False)[0].float()
+    fn()
+    got = fn.out.float()
+    return ((got - ref).norm() / ref.norm()).item()
 
 
 def main(mode: str) -> int:
-    c = case()
+    c = case() if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     for name, *cfg in VARIANTS:
-        f = launcher(c, *cfg)
-        if mode == "once":
+        if only and name not in only:
+            continue
+        f, out = launcher(c, *cfg)
+        if mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
+            f.out = out
+            print(f"{name:20s} rel.err {check(c, f, cfg[0], cfg[1]):.1e}", flush=True)
+        elif mode == "once":
             f(); f()
             torch.cuda.synchronize()
         else:
             ms, how = bench_graph(f, reps=50)
-            print(f"{name:16s} {ms * 1e3:8.1f} us ({how})", flush=True)
+            f.out = out
+            err = check(c, f, cfg[0], cfg[1])
+            print(f"{name:20s} {ms * 1e3:8.1f} us ({how})  rel.err vs per-query v3 {err:.1e}", flush=True)
     return 0
 
 

@@ -34,6 +34,7 @@ def make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=False):
     L = P + N + 3
     k = torch.randn(hkv, L, D, generator=gen).to(dtype)
     v = torch.randn(hkv, L, D, generator=gen).to(dtype)
+    k[:, P + N:], v[:, P + N:] = float("nan"), float("nan")  # cache slots past the step: never read
     q = torch.randn(N, hkv * G, D, generator=gen).to(dtype)
     depth, mask = rand_tree(N, gen, chain)
     gates = torch.rand(N, hkv * G, 3, generator=gen)
@@ -71,11 +72,18 @@ VERIFY_CASES = [
 ]
 
 
+PATHS = {"lists+tma": dict(lists=True, tma=True), "lists": dict(lists=True, tma=False),
+         "v3": dict(lists=False, tma=False)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_matches_reference(case, gating, dtype, n_split):
+def test_verify_matches_reference(case, gating, dtype, n_split, path):
+    if dtype == torch.float16 and path != "lists+tma":
+        pytest.skip("the older paths are checked in bf16 only (compile time on the GPU)")
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
@@ -90,7 +98,7 @@ def test_verify_matches_reference(case, gating, dtype, n_split):
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None,
                                  o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, n_split=n_split,
-                                 tune=seed == 0)  # on CUDA one case goes through the autotuned launch
+                                 tune=seed == 0, **PATHS[path])  # on CUDA one case is autotuned
     assert o.data_ptr() == out.data_ptr()
     assert rel_err(o, ref.o) < tol(dtype)
     want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)

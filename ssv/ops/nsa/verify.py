@@ -35,6 +35,11 @@ def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
 def _finish(b_m, b_l, b_acc):
     b_o = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
     b_lse = tl.where(b_l > 0, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -43,12 +48,12 @@ def _finish(b_m, b_l, b_acc):
 
 @triton.jit
 def nsa_verify_fwd_kernel(
-    q, k, v, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a,
+    q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items,
     N, P, W, scale, NSPLIT,
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-    BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr,
-    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr,
+    BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
+    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, LISTS: tl.constexpr, TMA: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
@@ -94,11 +99,14 @@ def nsa_verify_fwd_kernel(
     # a query's own list is ascending: a repeat of the previous slot is the same block again
     b_e1 = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
     m_first = (b_e >= 0) & (b_e < lim) & (b_e != b_e1)
-    for c in tl.static_range(1, CQ):
-        o_cq = (i_g * C + c - 1).to(tl.int64)
-        b_prev = tl.load(blk + o_cq * s_bn + i_h * s_bh + o_k, mask=(o_k < NSEL) & (o_cq < N), other=-1)
-        b_hit = tl.sum((b_e[:, None] == b_prev.to(tl.int32)[None, :]).to(tl.int32), 1) > 0  # [CE]
-        m_first = m_first & ~(b_hit & (o_eq >= c))
+    # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group)
+    b_bits = tl.zeros([CE], tl.int32)
+    for c in tl.static_range(0, CQ):
+        o_cq = (i_g * C + c).to(tl.int64)
+        b_lc = tl.load(blk + o_cq * s_bn + i_h * s_bh + o_k, mask=(o_k < NSEL) & (o_cq < N), other=-1)
+        b_hit = tl.sum((b_e[:, None] == b_lc.to(tl.int32)[None, :]).to(tl.int32), 1) > 0  # [CE]
+        b_bits = b_bits | tl.where(b_hit, 1 << c, 0)
+        m_first = m_first & ~(b_hit & (o_eq > c))
     b_rank = tl.cumsum(m_first.to(tl.int32), 0) - 1
     b_rank = tl.where(m_first, b_rank, -1)
     n_a = tl.sum(m_first.to(tl.int32))
@@ -106,15 +114,45 @@ def nsa_verify_fwd_kernel(
     o_t0 = tl.arange(0, BS)
     kbase = k + i_h * s_kh
     vbase = v + i_h * s_kh
+    # a row's query within the group, for the membership bits (approximate: the representative's)
+    o_qb = o_r * 0 if APPROX else o_r // G
+    if LISTS:
+        # The work list (block, bits) goes to this program's scratch row once, so an iteration reads
+        # two scalars instead of reducing over the group's entries and the row's list.
+        p_it = items + ((i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z).to(tl.int64) * (2 * (CE + NWP) + NTB)
+        tl.store(p_it + 2 * b_rank, b_e, mask=m_first)
+        tl.store(p_it + 2 * b_rank + 1, b_bits, mask=m_first)
+        # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
+        # partly outside that query's window)
+        o_w = tl.arange(0, NWP)
+        b_wb = tl.where(b_e[None, :] == (lim + o_w)[:, None], 1 << o_eq[None, :], 0)  # [NWP, CE]
+        b_wb = tl.reduce(b_wb, 1, _or)
+        tl.store(p_it + 2 * (n_a + o_w), lim + o_w, mask=o_w < n_w)
+        tl.store(p_it + 2 * (n_a + o_w) + 1, b_wb, mask=o_w < n_w)
+        # and the bits of the blocks the step's new tokens fall in, P // BS + u
+        o_u = tl.arange(0, NTB)
+        b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
+        tl.store(p_it + 2 * (CE + NWP) + o_u, tl.reduce(b_ub, 1, _or))
+        tl.debug_barrier()
     for it in range(i_k, n_a + n_w, NSPLIT):
-        j = tl.where(it < n_a, tl.sum(tl.where(b_rank == it, b_e, 0)), lim + it - n_a)
+        if LISTS:
+            j = tl.load(p_it + 2 * it)
+            member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
+        else:
+            j = tl.where(it < n_a, tl.sum(tl.where(b_rank == it, b_e, 0)), lim + it - n_a)
+            member = (tl.sum((b_lst == j).to(tl.int32), 1) > 0)[:, None]
         o_t = j * BS + o_t0
         m_t = o_t < P
-        p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
-        b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
-        b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
+        if TMA:
+            # the descriptors span [Hkv, P + N, D]: rows past the step come back as zeros, and the
+            # step's own rows in the last prefix tile are finite (their scores are masked below)
+            b_k = k_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+            b_v = v_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+        else:
+            p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
+            b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
+            b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        member = (tl.sum((b_lst == j).to(tl.int32), 1) > 0)[:, None]
         in_win = o_t[None, :] > (b_pos[:, None] - W)
         if GATED:
             b_m1, b_l1, b_a1 = _online(b_s, member & m_t[None, :], b_v, b_m1, b_l1, b_a1)
@@ -128,16 +166,24 @@ def nsa_verify_fwd_kernel(
             o_n = n0 + tl.arange(0, BT)
             m_n = o_n < N
             b_pn = tl.load(pos + o_n, mask=m_n, other=0)
-            p_t = (P + o_n).to(tl.int64)[:, None] * s_kt + o_d[None, :]
-            b_k = tl.load(kbase + p_t, mask=m_n[:, None], other=0.0)
-            b_v = tl.load(vbase + p_t, mask=m_n[:, None], other=0.0)
+            if TMA:  # BT == BS here; rows past P + N come back as zeros
+                b_k = k_desc.load([i_h, P + n0, 0]).reshape(BT, D)
+                b_v = v_desc.load([i_h, P + n0, 0]).reshape(BT, D)
+            else:
+                p_t = (P + o_n).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+                b_k = tl.load(kbase + p_t, mask=m_n[:, None], other=0.0)
+                b_v = tl.load(vbase + p_t, mask=m_n[:, None], other=0.0)
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
             anc = tl.load(tmask + o_qi64[:, None] * s_tn + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0) != 0
             blk_n = b_pn // BS
-            member = tl.zeros([BM, BT], tl.int1)
-            for kk in tl.static_range(NSEL):
-                col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
-                member = member | (col[:, None] == blk_n[None, :])
+            if LISTS:  # one gather of the prologue's bits instead of NSEL compares (registers)
+                b_tb = tl.load(p_it + 2 * (CE + NWP) + blk_n - P // BS, mask=m_n, other=0)
+                member = ((b_tb[None, :] >> o_qb[:, None]) & 1) != 0
+            else:
+                member = tl.zeros([BM, BT], tl.int1)
+                for kk in tl.static_range(NSEL):
+                    col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
+                    member = member | (col[:, None] == blk_n[None, :])
             in_win = b_pn[None, :] > (b_pos[:, None] - W)
             if GATED:
                 b_m1, b_l1, b_a1 = _online(b_s, anc & member, b_v, b_m1, b_l1, b_a1)
@@ -183,45 +229,39 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
 # tree size: P and N are not in the key). The kernel only writes its outputs, so re-running it while tuning is harmless.
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 1), (4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "LISTS", "TMA"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
 def nsa_verify_combine_kernel(
     gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, N, NSPLIT, HQ,
-    BM: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr,
+    NSP: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr,
 ):
-    # one program per query: merge the KV splits' (max, sum, acc) of every head, then gate
-    i_n = tl.program_id(0)
-    o_r = tl.arange(0, BM)
-    m_r = o_r < HQ
+    # one program per (query, head): all KV splits' (max, sum, acc) in one load each, merged, gated
+    i_l = tl.program_id(0).to(tl.int64)  # query * HQ + head
+    o_s = tl.arange(0, NSP)[:, None]
+    m_s = o_s < NSPLIT
     o_d = tl.arange(0, D)
-    p_l = i_n.to(tl.int64) * HQ + o_r
-    p_o = p_l[:, None] * D + o_d[None, :]
-    b_m1 = tl.full([BM], float("-inf"), tl.float32)
-    b_m2 = tl.full([BM], float("-inf"), tl.float32)
-    for s in range(0, NSPLIT):
-        p_w = (s * N * HQ + p_l) * 2
-        b_m1 = tl.maximum(b_m1, tl.load(ws_m + p_w, mask=m_r, other=float("-inf")))
-        if GATED:
-            b_m2 = tl.maximum(b_m2, tl.load(ws_m + p_w + 1, mask=m_r, other=float("-inf")))
-    b_s1 = tl.where(b_m1 == float("-inf"), 0.0, b_m1)
-    b_s2 = tl.where(b_m2 == float("-inf"), 0.0, b_m2)
-    b_l1 = tl.zeros([BM], tl.float32)
-    b_l2 = tl.zeros([BM], tl.float32)
-    b_a1 = tl.zeros([BM, D], tl.float32)
-    b_a2 = tl.zeros([BM, D], tl.float32)
-    for s in range(0, NSPLIT):
-        p_w = (s * N * HQ + p_l) * 2
-        b_w = tl.exp2(tl.load(ws_m + p_w, mask=m_r, other=float("-inf")) - b_s1)
-        b_l1 += b_w * tl.load(ws_l + p_w, mask=m_r, other=0.0)
-        b_a1 += b_w[:, None] * tl.load(ws_a + p_w[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
-        if GATED:
-            b_w = tl.exp2(tl.load(ws_m + p_w + 1, mask=m_r, other=float("-inf")) - b_s2)
-            b_l2 += b_w * tl.load(ws_l + p_w + 1, mask=m_r, other=0.0)
-            b_a2 += b_w[:, None] * tl.load(ws_a + (p_w + 1)[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
-    _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
+    p_w = (o_s * N * HQ + i_l) * 2  # [NSP, 1]
+    b_m1, b_l1, b_a1 = _merge(ws_m, ws_l, ws_a, p_w, m_s, o_d, D)
+    b_m2, b_l2, b_a2 = b_m1, b_l1, b_a1
+    if GATED:
+        b_m2, b_l2, b_a2 = _merge(ws_m, ws_l, ws_a, p_w + 1, m_s, o_d, D)
+    p_l = i_l + tl.zeros([1], tl.int64)
+    _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_l[:, None] * D + o_d[None, :], p_l >= 0,
+           gates, o_cmp, o, lse_a, lse_b, GATED)
 
+
+@triton.jit
+def _merge(ws_m, ws_l, ws_a, p_w, m_s, o_d, D: tl.constexpr):
+    # partial states [NSP, 1] / [NSP, D] -> one row's (max [1], sum [1], acc [1, D]), base-2 scores
+    b_m = tl.load(ws_m + p_w, mask=m_s, other=float("-inf"))
+    b_mx = tl.max(b_m, 0)
+    b_ms = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_w = tl.exp2(b_m - b_ms[None, :])
+    b_l = tl.sum(b_w * tl.load(ws_l + p_w, mask=m_s, other=0.0), 0)
+    b_a = tl.sum(b_w * tl.load(ws_a + p_w * D + o_d[None, :], mask=m_s, other=0.0), 0, keep_dims=True)
+    return b_mx, b_l, b_a
 
 
 def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, positions: torch.Tensor,
@@ -229,7 +269,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
-               tune: Optional[bool] = None, launch: Optional[dict] = None):
+               tune: Optional[bool] = None, launch: Optional[dict] = None, lists: bool = True,
+               tma: Optional[bool] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -237,6 +278,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     union gating). Returns (o [N, Hq, D] in q's dtype, lse_a [N, Hq], lse_b [N, Hq]): for union
     gating lse_a is the log-sum-exp over selected ∪ window; for gated, lse_a / lse_b are the
     selected / window branches'.
+    lists / tma (defaults: on, and TMA on Hopper or newer) select the kernel's work-list scratch and
+    tensor-descriptor loads; off, the v3 paths (reductions per iteration, pointer loads) for A/B runs.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -279,16 +322,33 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
     else:
         tune = False
-    (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[(ng, hkv, nrs * n_split)](
-        q, k, v, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a,
+    nsp, ce = pow2(nsel, 1), cq * pow2(nsel, 1)
+    nwp = pow2(-(-(window + slc_block) // slc_block))
+    grid = (ng, hkv, nrs * n_split)
+    # per program: the (block, query bits) work list; written and read by that program only
+    ntb = pow2(-(-n // slc_block) + 1)
+    items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb) if lists else 1, device=q.device,
+                        dtype=torch.int32)
+    if tma is None:
+        tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        shape, box = [hkv, int(prefix_len) + n, d], [1, slc_block, d]
+        kd = TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], box)
+        vd = TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], box)
+    else:
+        kd, vd = k, v
+    (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](
+        q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items,
         n, int(prefix_len), int(window), float(scale), n_split,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
-        G=g, C=group_size, CQ=cq, CE=cq * pow2(nsel, 1), BM=bm, D=d, BS=slc_block, NSEL=nsel,
-        NSELP=pow2(nsel, 1), BT=pow2(min(n, 64)), GATED=gated, APPROX=bool(approx), SPLIT=split, **launch,
+        G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
+        NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
+        LISTS=bool(lists), TMA=bool(tma), **launch,
     )
     if split:
-        nsa_verify_combine_kernel[(n,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
-                                        BM=pow2(hq), D=d, GATED=gated, num_warps=4)
+        nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
+                                             NSP=pow2(n_split), D=d, GATED=gated, num_warps=1)
     return out, lse_a, lse_b
 
 
