@@ -32,7 +32,7 @@ def best_table(path: str) -> str:
             continue
         rs = [r for r in rows if (r["shape"], r["context"], r["tree"]) == (shape, ctx, n)]
         by = {(r["method"], r["C"]): r for r in rs}
-        naive = by[("naive (C=1)", 1)]["ms"]
+        naive = min(r["ms"] for r in rs if r["method"].startswith("naive (C=1)"))  # its best launch
         ex = min((r for r in rs if r["method"] == "ssv exact"), key=lambda r: r["ms"])
         ap = min((r for r in rs if r["method"] == "ssv approx"), key=lambda r: r["ms"])
         fla = [r["ms"] for r in rs if r["method"].startswith("fla parallel_nsa slc")]
