@@ -31,14 +31,12 @@ def case(shape="llama3.1-8b", T=65536, N=64, overlap=0.75, seed=0, dev="cuda", d
     return dict(q=q, k=k, v=v, T=T, pos=pos, tm=mask.to(dev, torch.uint8), idx=idx, cfg=cfg)
 
 
-V3 = dict(lists=False, tma=False)
+PTR = dict(tma=False)
 VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stages, extra nsa_verify kwargs
-    ("naive v3", 1, False, 1, 4, 3, V3),
     ("naive", 1, False, 1, 4, 3, {}),
     ("naive s2", 1, False, 1, 4, 2, {}),
     ("naive split2", 1, False, 2, 4, 3, {}),
-    ("exact4 v3", 4, False, 2, 4, 3, V3),
-    ("exact4 lists", 4, False, 2, 4, 3, dict(tma=False)),
+    ("exact4 pointers", 4, False, 2, 4, 3, PTR),
     ("exact4", 4, False, 2, 4, 3, {}),
     ("exact4 split1", 4, False, 1, 4, 3, {}),
     ("exact4 split3", 4, False, 3, 4, 3, {}),
@@ -50,13 +48,11 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
     ("exact8", 8, False, None, 4, 3, {}),
     ("exact8 w8", 8, False, None, 8, 3, {}),
     ("exact8 split4", 8, False, 4, 4, 3, {}),
-    ("exact16 v3 s8 w8", 16, False, 8, 8, 3, V3),
     ("exact16 s8 w8", 16, False, 8, 8, 3, {}),
     ("exact16 s4 w8", 16, False, 4, 8, 3, {}),
     ("exact16 s8 w4", 16, False, 8, 4, 3, {}),
     ("exact16 s8 w8 st2", 16, False, 8, 8, 2, {}),
     ("approx4", 4, True, None, 4, 3, {}),
-    ("approx16 v3", 16, True, None, 4, 3, V3),
     ("approx16", 16, True, None, 4, 3, {}),
     ("approx16 w8", 16, True, None, 8, 3, {}),
 ]
@@ -74,11 +70,11 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
 
 
 def check(c, fn, C, approx):
-    """Relative error of one variant against the plain per-query launch path (v3, C=1)."""
+    """Relative error of one variant against the per-query launch with pointer loads."""
     import ssv.ops.nsa.verify as V
     ref = V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
                        c["cfg"].window, group_size=C if approx else 1, approx=approx, tune=False,
-                       lists=False, tma=False)[0].float()
+                       tma=False)[0].float()
     fn()
     got = fn.out.float()
     return ((got - ref).norm() / ref.norm()).item()
@@ -101,7 +97,7 @@ def main(mode: str) -> int:
             ms, how = bench_graph(f, reps=50)
             f.out = out
             err = check(c, f, cfg[0], cfg[1])
-            print(f"{name:20s} {ms * 1e3:8.1f} us ({how})  rel.err vs per-query v3 {err:.1e}", flush=True)
+            print(f"{name:20s} {ms * 1e3:8.1f} us ({how})  rel.err vs per-query {err:.1e}", flush=True)
     return 0
 
 

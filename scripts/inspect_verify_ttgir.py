@@ -4,10 +4,16 @@ Why: device time is scarce; whether the K/V loads are software-pipelined (cp.asy
 layout conversions each iteration pays can be read from the TTGIR without running anything.
 The launch specialisation matters: the JIT marks pointers and integers divisible by 16 with
 tt.divisibility=16, and without that hint no load is pipelined, so it is passed here too.
-usage: python scripts/inspect_verify_ttgir.py   (prints one line per (C, rows, warps))
+usage: python scripts/inspect_verify_ttgir.py          (TTGIR summary, one line per (C, rows, warps))
+       python scripts/inspect_verify_ttgir.py --sass   (registers, stack, and the SASS of the main loop:
+                                                        instructions per warp per iteration, barriers;
+                                                        with the ptxas/nvdisasm/cuobjdump Triton ships)
 """
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 
 import triton
@@ -21,14 +27,14 @@ PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32"
             o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32")
 
 
-def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, lists=True, tma=True):
+def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True):
     desc = f"tensordesc<bf16[1,64,{D}]>" if tma else "*bf16"
     sig = dict(PTRS, k_desc=desc, v_desc=desc, scale="fp32", **{n: "i32" for n in INTS})
     order = list(nsa_verify_fwd_kernel.arg_names)
     sig = {n: sig.get(n, "constexpr") for n in order}
     cq = 1 if approx else C
     const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=False,
-                 APPROX=approx, SPLIT=True, LISTS=lists, TMA=tma)
+                 APPROX=approx, SPLIT=True, TMA=tma)
     div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n != "NSPLIT"]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
@@ -44,7 +50,45 @@ def main_loop(ttgir: str) -> str:
     return "\n".join(lines[i0:i1])
 
 
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def sass_summary(cc) -> str:
+    """Registers, stack bytes, and the first loop's SASS (the main K/V loop) by opcode."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cc.asm["cubin"])
+    try:
+        use = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        text = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", use).groups()
+    ins, labels = [], {}
+    for line in text.splitlines():
+        m = re.match(r"^\.(L_x_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = len(ins)
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
+        if m:
+            ins.append(m.group(1))
+    back = [(labels[m.group(1)], i) for i, t in enumerate(ins)
+            if (m := re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", t)) and labels.get(m.group(1), i) < i]
+    if not back:
+        return f"registers {reg}, stack {stack} B, no loop found"
+    a, b = back[0]
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in ins[a:b + 1])
+    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
+    return f"registers {reg}, stack {stack} B, main loop {b - a + 1} instructions ({top}; BAR {ops['BAR']})"
+
+
 def main() -> int:
+    if "--sass" in sys.argv:
+        for C, rows, warps, stages in ((1, 16, 4, 3), (4, 16, 4, 3), (8, 32, 4, 3), (16, 64, 8, 3)):
+            for tma in (True, False):
+                cc = compile_verify(C, rows, warps, stages, tma=tma)
+                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s}: {sass_summary(cc)}")
+        return 0
     for C, rows, warps in ((1, 16, 4), (4, 16, 4), (16, 64, 4), (16, 64, 8)):
         cc = compile_verify(C, rows, warps)
         body = main_loop(cc.asm["ttgir"])

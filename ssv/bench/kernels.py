@@ -168,8 +168,6 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     add("naive (C=1)", 1, verify(1, False))
     # the baseline at its best: flash-decoding KV splits help the per-query kernel too
     add("naive (C=1), 2 KV splits", 1, verify(1, False, 2))
-    # the previous kernel (per-iteration reductions, pointer loads), side by side
-    add("ssv exact, v3 kernel", 4, verify(4, False, lists=False, tma=False))
     for C in (2, 4, 8, 16):
         add("ssv exact", C, verify(C, False))
     for C in (4, 16):

@@ -95,7 +95,8 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
                 sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens, opts)
                 st = sd.stats
                 diff = first_diff(ar.token_ids, sd.token_ids)
-                rows.append(dict(context=L, doc=d, mode=name, mean_accepted_length=st["mean_accepted_length"],
+                rows.append(dict(context=L, doc=d, mode=name, tokens=len(sd.token_ids),
+                                 mean_accepted_length=st["mean_accepted_length"],
                                  acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
                                  tokens_per_second=st["tokens_per_second"],
                                  speedup_vs_ar=st["tokens_per_second"] / max(ar.stats["tokens_per_second"], 1e-9),
@@ -108,13 +109,21 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
     return rows
 
 
-def summarize(rows: list) -> list:
+def summarize(rows: list, new_tokens: int = 0) -> list:
+    """Per (context, mode): means, and agreement with `ar`. A run agrees with `ar` up to its first
+    differing token; `divergence_rate` is first differences per token compared (rows without a
+    `tokens` count, from older files, count new_tokens)."""
     out = []
     for key in sorted({(r["context"], r["mode"]) for r in rows}):
         rs = [r for r in rows if (r["context"], r["mode"]) == key]
         diffs = [r["first_diff_vs_ar"] for r in rs]
         margins = [r.get("ar_margin_at_diff") for r in rs if r.get("ar_margin_at_diff") is not None]
+        compared = sum(r.get("tokens", new_tokens) if r["first_diff_vs_ar"] is None else r["first_diff_vs_ar"] + 1
+                       for r in rs)
+        n_div = sum(d is not None for d in diffs)
         out.append(dict(context=key[0], mode=key[1], docs=len(rs),
+                        divergences=n_div, tokens_compared=compared,
+                        divergence_rate=n_div / compared if compared else None,
                         mean_accepted_length=sum(r["mean_accepted_length"] for r in rs) / len(rs),
                         tokens_per_second=sum(r["tokens_per_second"] for r in rs) / len(rs),
                         speedup_vs_ar=sum(r.get("speedup_vs_ar", 1.0) for r in rs) / len(rs),
@@ -178,7 +187,8 @@ def cmd_bench_spec(args) -> int:
     def save(rows):
         tmp = os.path.join(args.out, f".spec-{args.device}.json.tmp")
         with open(tmp, "w") as f:
-            json.dump({"env": env, "args": settings, "summary": summarize(rows), "rows": rows}, f, indent=1)
+            json.dump({"env": env, "args": settings, "summary": summarize(rows, args.new_tokens), "rows": rows},
+                      f, indent=1)
         os.replace(tmp, os.path.join(args.out, f"spec-{args.device}.json"))
 
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
@@ -192,11 +202,14 @@ def cmd_bench_spec(args) -> int:
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:
         print(f"no profile written: {e}", file=sys.stderr)
-    summary = summarize(rows)
-    print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s}")
+    summary = summarize(rows, args.new_tokens)
+    print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s} {'div/tok':>8s} "
+          f"{'max margin':>10s}")
     for s in summary:
+        mm = s["max_ar_margin_at_diff"]
         print(f"{s['context']:8d} {s['mode']:24s} {s['docs']:4d} {s['mean_accepted_length']:6.2f} "
-              f"{s['tokens_per_second']:8.1f} {s['identical_to_ar']:6d}")
+              f"{s['tokens_per_second']:8.1f} {s['identical_to_ar']:6d} {s['divergence_rate'] or 0:8.4f} "
+              f"{'' if mm is None else f'{mm:.3f}':>10s}")
     return 0
 
 

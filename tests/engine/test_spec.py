@@ -194,6 +194,26 @@ def test_bench_spec_rows_and_summary():
     assert prof.bounds == [60, 130]
     assert {e.strategy.name for e in prof.entries[0]} == {"ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"}
     assert all(s["docs"] == 2 for s in summ)
+    for s in summ:  # agreement with ar: every token of a run that never diverged is compared
+        if s["mode"] == "ar":
+            continue
+        rs = [r for r in rows if (r["context"], r["mode"]) == (s["context"], s["mode"])]
+        assert s["divergences"] == sum(r["first_diff_vs_ar"] is not None for r in rs)
+        assert s["tokens_compared"] == sum(r["tokens"] if r["first_diff_vs_ar"] is None else r["first_diff_vs_ar"] + 1
+                                           for r in rs)
+        if s["mode"].startswith("ssv strict"):
+            assert s["divergences"] == 0 and s["divergence_rate"] == 0.0 and s["tokens_compared"] >= 40
+
+
+def test_summary_divergence_rate_counts_tokens_up_to_the_first_difference():
+    from ssv.bench.spec import summarize
+    rows = [dict(context=8, doc=0, mode="m", tokens=10, mean_accepted_length=2.0, tokens_per_second=1.0,
+                 first_diff_vs_ar=None, ar_margin_at_diff=None),
+            dict(context=8, doc=1, mode="m", tokens=10, mean_accepted_length=3.0, tokens_per_second=1.0,
+                 first_diff_vs_ar=4, ar_margin_at_diff=0.01)]
+    (s,) = summarize(rows)
+    assert (s["divergences"], s["tokens_compared"]) == (1, 15)
+    assert s["divergence_rate"] == pytest.approx(1 / 15) and s["max_ar_margin_at_diff"] == 0.01
 
 
 class RandomTreeDrafter:

@@ -72,8 +72,7 @@ VERIFY_CASES = [
 ]
 
 
-PATHS = {"lists+tma": dict(lists=True, tma=True), "lists": dict(lists=True, tma=False),
-         "v3": dict(lists=False, tma=False)}
+PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -82,8 +81,8 @@ PATHS = {"lists+tma": dict(lists=True, tma=True), "lists": dict(lists=True, tma=
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
 def test_verify_matches_reference(case, gating, dtype, n_split, path):
-    if dtype == torch.float16 and path != "lists+tma":
-        pytest.skip("the older paths are checked in bf16 only (compile time on the GPU)")
+    if dtype == torch.float16 and path != "tma":
+        pytest.skip("pointer loads are checked in bf16 only on the GPU (compile time)")
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))

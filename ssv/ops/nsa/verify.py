@@ -53,7 +53,7 @@ def nsa_verify_fwd_kernel(
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
-    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, LISTS: tl.constexpr, TMA: tl.constexpr,
+    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
@@ -67,12 +67,7 @@ def nsa_verify_fwd_kernel(
     b_q = tl.load(q + o_qi64[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
     b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
     b_pos = tl.load(pos + o_qi, mask=m_r, other=0)
-    # each row's selection [BM, NSELP] (approximate mode: the representative's)
-    o_sq = o_qi64 * 0 + i_g * C if APPROX else o_qi64
     o_k = tl.arange(0, NSELP)
-    b_lst = tl.load(blk + o_sq[:, None] * s_bn + i_h * s_bh + o_k[None, :],
-                    mask=m_r[:, None] & (o_k[None, :] < NSEL), other=-1)
-    b_lst = tl.where(b_lst < 0, 1 << 30, b_lst)
 
     b_m1 = tl.full([BM], float("-inf"), tl.float32)
     b_l1 = tl.zeros([BM], tl.float32)
@@ -88,8 +83,7 @@ def nsa_verify_fwd_kernel(
     lim = lo // BS
     # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
     # earlier query of the group (nor its own previous slot) selected the same block, then
-    # ranked by a prefix sum. Item `it` is the entry of rank `it`, found by a reduction: no sort, no
-    # extra launch, and no load feeding the next tile's address.
+    # ranked by a prefix sum; no sort and no extra launch.
     o_e = tl.arange(0, CE)
     o_eq = o_e // NSELP
     o_es = o_e % NSELP
@@ -116,31 +110,27 @@ def nsa_verify_fwd_kernel(
     vbase = v + i_h * s_kh
     # a row's query within the group, for the membership bits (approximate: the representative's)
     o_qb = o_r * 0 if APPROX else o_r // G
-    if LISTS:
-        # The work list (block, bits) goes to this program's scratch row once, so an iteration reads
-        # two scalars instead of reducing over the group's entries and the row's list.
-        p_it = items + ((i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z).to(tl.int64) * (2 * (CE + NWP) + NTB)
-        tl.store(p_it + 2 * b_rank, b_e, mask=m_first)
-        tl.store(p_it + 2 * b_rank + 1, b_bits, mask=m_first)
-        # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
-        # partly outside that query's window)
-        o_w = tl.arange(0, NWP)
-        b_wb = tl.where(b_e[None, :] == (lim + o_w)[:, None], 1 << o_eq[None, :], 0)  # [NWP, CE]
-        b_wb = tl.reduce(b_wb, 1, _or)
-        tl.store(p_it + 2 * (n_a + o_w), lim + o_w, mask=o_w < n_w)
-        tl.store(p_it + 2 * (n_a + o_w) + 1, b_wb, mask=o_w < n_w)
-        # and the bits of the blocks the step's new tokens fall in, P // BS + u
-        o_u = tl.arange(0, NTB)
-        b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
-        tl.store(p_it + 2 * (CE + NWP) + o_u, tl.reduce(b_ub, 1, _or))
-        tl.debug_barrier()
+    # The work list (block, query bits) goes to this program's scratch row once, so an iteration
+    # reads two scalars instead of reducing over the group's entries and each row's list (v3 did:
+    # 13 barriers per iteration instead of 9, ~430 instructions per warp instead of ~310 with TMA).
+    p_it = items + ((i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z).to(tl.int64) * (2 * (CE + NWP) + NTB)
+    tl.store(p_it + 2 * b_rank, b_e, mask=m_first)
+    tl.store(p_it + 2 * b_rank + 1, b_bits, mask=m_first)
+    # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
+    # partly outside that query's window)
+    o_w = tl.arange(0, NWP)
+    b_wb = tl.where(b_e[None, :] == (lim + o_w)[:, None], 1 << o_eq[None, :], 0)  # [NWP, CE]
+    b_wb = tl.reduce(b_wb, 1, _or)
+    tl.store(p_it + 2 * (n_a + o_w), lim + o_w, mask=o_w < n_w)
+    tl.store(p_it + 2 * (n_a + o_w) + 1, b_wb, mask=o_w < n_w)
+    # and the bits of the blocks the step's new tokens fall in, P // BS + u
+    o_u = tl.arange(0, NTB)
+    b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
+    tl.store(p_it + 2 * (CE + NWP) + o_u, tl.reduce(b_ub, 1, _or))
+    tl.debug_barrier()
     for it in range(i_k, n_a + n_w, NSPLIT):
-        if LISTS:
-            j = tl.load(p_it + 2 * it)
-            member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
-        else:
-            j = tl.where(it < n_a, tl.sum(tl.where(b_rank == it, b_e, 0)), lim + it - n_a)
-            member = (tl.sum((b_lst == j).to(tl.int32), 1) > 0)[:, None]
+        j = tl.load(p_it + 2 * it)
+        member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
         o_t = j * BS + o_t0
         m_t = o_t < P
         if TMA:
@@ -176,14 +166,9 @@ def nsa_verify_fwd_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
             anc = tl.load(tmask + o_qi64[:, None] * s_tn + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0) != 0
             blk_n = b_pn // BS
-            if LISTS:  # one gather of the prologue's bits instead of NSEL compares (registers)
-                b_tb = tl.load(p_it + 2 * (CE + NWP) + blk_n - P // BS, mask=m_n, other=0)
-                member = ((b_tb[None, :] >> o_qb[:, None]) & 1) != 0
-            else:
-                member = tl.zeros([BM, BT], tl.int1)
-                for kk in tl.static_range(NSEL):
-                    col = tl.load(blk + o_sq * s_bn + i_h * s_bh + kk, mask=m_r, other=-1)
-                    member = member | (col[:, None] == blk_n[None, :])
+            # one gather of the prologue's bits (NSEL compares per row here cost ~50 registers)
+            b_tb = tl.load(p_it + 2 * (CE + NWP) + blk_n - P // BS, mask=m_n, other=0)
+            member = ((b_tb[None, :] >> o_qb[:, None]) & 1) != 0
             in_win = b_pn[None, :] > (b_pos[:, None] - W)
             if GATED:
                 b_m1, b_l1, b_a1 = _online(b_s, anc & member, b_v, b_m1, b_l1, b_a1)
@@ -226,10 +211,13 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
 
 
 # On the GPU the launch configuration is tuned once per compiled variant (not per context length or
-# tree size: P and N are not in the key). The kernel only writes its outputs, so re-running it while tuning is harmless.
-TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 1), (4, 2), (4, 3), (8, 2), (8, 3))]
+# tree size: P and N are not in the key). The kernel only writes its outputs and its own scratch, so
+# re-running it while tuning is harmless. No 1-stage config: an invocation tuned at 8K picked it for
+# C = 4 and then ran 32K / 128K in 0.042 ms, where another tuned at 64K picked 3 stages and ran
+# 0.0315 ms (H200, bench/results/kernels.json; the v3 rows were 0.045 ms at all three contexts).
+TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT", "LISTS", "TMA"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "TMA"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
@@ -269,8 +257,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
-               tune: Optional[bool] = None, launch: Optional[dict] = None, lists: bool = True,
-               tma: Optional[bool] = None):
+               tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -278,8 +265,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     union gating). Returns (o [N, Hq, D] in q's dtype, lse_a [N, Hq], lse_b [N, Hq]): for union
     gating lse_a is the log-sum-exp over selected ∪ window; for gated, lse_a / lse_b are the
     selected / window branches'.
-    lists / tma (defaults: on, and TMA on Hopper or newer) select the kernel's work-list scratch and
-    tensor-descriptor loads; off, the v3 paths (reductions per iteration, pointer loads) for A/B runs.
+    tma: K/V tiles through tensor descriptors (default: on Hopper or newer), else pointer loads.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -329,8 +315,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     grid = (ng, hkv, nrs * n_split)
     # per program: the (block, query bits) work list; written and read by that program only
     ntb = pow2(-(-n // slc_block) + 1)
-    items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb) if lists else 1, device=q.device,
-                        dtype=torch.int32)
+    items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb), device=q.device, dtype=torch.int32)
     if tma is None:
         tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
     if tma:
@@ -346,7 +331,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
         G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
         NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
-        LISTS=bool(lists), TMA=bool(tma), **launch,
+        TMA=bool(tma), **launch,
     )
     if split:
         nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
