@@ -316,8 +316,10 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     # per program: the (block, query bits) work list; written and read by that program only
     ntb = pow2(-(-n // slc_block) + 1)
     items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb), device=q.device, dtype=torch.int32)
-    if tma is None:
-        tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+    if tma is None:  # TMA wants 16-byte aligned bases and row strides
+        tma = (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+               and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+                       and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v)))
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         shape, box = [hkv, int(prefix_len) + n, d], [1, slc_block, d]
