@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 from ssv.ops.nsa.verify import nsa_verify_fwd_kernel
 
-INTS = ("N", "P", "W", "NSPLIT", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
+INTS = ("N", "P", "W", "NSPLIT", "PB", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
 PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32", gates="*fp32", o_cmp="*fp32",
             o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32")
 
@@ -35,7 +35,7 @@ def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True)
     cq = 1 if approx else C
     const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=False,
                  APPROX=approx, SPLIT=True, TMA=tma)
-    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n != "NSPLIT"]]
+    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "PB")]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))

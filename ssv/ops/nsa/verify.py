@@ -49,7 +49,7 @@ def _finish(b_m, b_l, b_acc):
 @triton.jit
 def nsa_verify_fwd_kernel(
     q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items,
-    N, P, W, scale, NSPLIT,
+    N, P, W, scale, NSPLIT, PB,
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
@@ -210,14 +210,15 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
     tl.store(lse_a + p_l, b_lse1, mask=m_r)
 
 
-# On the GPU the launch configuration is tuned once per compiled variant (not per context length or
-# tree size: P and N are not in the key). The kernel only writes its outputs and its own scratch, so
-# re-running it while tuning is harmless. No 1-stage config: an invocation tuned at 8K picked it for
-# C = 4 and then ran 32K / 128K in 0.042 ms, where another tuned at 64K picked 3 stages and ran
-# 0.0315 ms (H200, bench/results/kernels.json; the v3 rows were 0.045 ms at all three contexts).
+# On the GPU the launch configuration is tuned once per compiled variant and context bucket (PB, the
+# bit length of P: a decode step tunes again only when its context doubles). PB is only a key: an
+# invocation tuned at 8K once picked 1 stage for C = 4 and ran 32K / 128K in 0.042 ms, where one
+# tuned at 64K picked 3 stages and ran 0.0315 ms (H200, bench/results/kernels.json; the v3 rows were
+# 0.045 ms at all three contexts), so the 1-stage config is also gone. The kernel only writes its
+# outputs and its own scratch, so re-running it while tuning is harmless.
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT", "TMA"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "TMA", "PB"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
@@ -329,7 +330,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         kd, vd = k, v
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](
         q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items,
-        n, int(prefix_len), int(window), float(scale), n_split,
+        n, int(prefix_len), int(window), float(scale), n_split, int(prefix_len).bit_length(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
         G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
         NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
