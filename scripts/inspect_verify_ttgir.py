@@ -55,7 +55,7 @@ def _tool(name: str) -> str:
 
 
 def sass_summary(cc) -> str:
-    """Registers, stack bytes, and the first loop's SASS (the main K/V loop) by opcode."""
+    """Registers, stack bytes, and the SASS of the first loop with tensor-core ops (the main K/V loop)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cc.asm["cubin"])
     try:
@@ -74,8 +74,9 @@ def sass_summary(cc) -> str:
             ins.append(m.group(1))
     back = [(labels[m.group(1)], i) for i, t in enumerate(ins)
             if (m := re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", t)) and labels.get(m.group(1), i) < i]
+    back = [(a, b) for a, b in back if any(t.startswith("HMMA") for t in ins[a:b + 1])]  # K/V loops only
     if not back:
-        return f"registers {reg}, stack {stack} B, no loop found"
+        return f"registers {reg}, stack {stack} B, no mma.sync loop found (wgmma or none)"
     a, b = back[0]
     ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in ins[a:b + 1])
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))

@@ -106,6 +106,53 @@ def test_verify_matches_reference(case, gating, dtype, n_split, path):
         assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
 
 
+def _disjoint(idx):
+    """Every query of a group selects blocks no other query of it selects: the union is C*n entries."""
+    n_q, hkv, n = idx.shape
+    return torch.stack([torch.stack([torch.arange(n) + n * ((i * hkv + h) % 16) for h in range(hkv)])
+                        for i in range(n_q)]).to(idx.dtype)
+
+
+EDGE_CASES = {  # name: (seed, P, N, Hkv, G, C, approx, cfg overrides, chain, max_rows)
+    "window 0, C=8, deep tree": (8, 150, 40, 2, 2, 8, False, dict(window=0), False, 128),
+    "window tiles at their bound": (9, 350, 9, 1, 2, 4, False, dict(window=240), False, 128),
+    "union at its bound (disjoint)": (10, 600, 13, 2, 2, 4, False, {}, False, 128),
+    "C=16, partial last group": (11, 700, 37, 1, 2, 16, False, dict(n_select=8), False, 128),
+    "C=16 approx, partial last group": (12, 700, 37, 1, 2, 16, True, dict(n_select=8), False, 128),
+    "empty last row split": (13, 200, 19, 1, 16, 16, False, {}, False, 128),
+    "row splits of 16": (14, 200, 19, 2, 2, 16, False, {}, False, 16),
+    "P = BS-1 mod BS, chain over 3 blocks": (15, 159, 40, 1, 2, 4, False, {}, True, 128),
+    "P = 0, window 0": (16, 0, 40, 1, 2, 8, False, dict(window=0), True, 128),
+    "window longer than the context": (17, 300, 20, 1, 1, 16, False, dict(window=70000, n_select=16), False, 128),
+}
+
+
+@pytest.mark.parametrize("n_split", [1, 3])
+@pytest.mark.parametrize("gating", ["union", "gated"])
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_verify_edge_cases(name, gating, n_split):
+    """Bounds of the kernel's per-program work list, row splits, and degenerate windows and prefixes."""
+    seed, P, N, hkv, G, C, approx, over, chain, max_rows = EDGE_CASES[name]
+    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
+    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, 16, DTYPES[0], cfg, chain=chain)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    idx = _disjoint(ref.block_indices) if name.startswith("union at") else ref.block_indices
+    if approx:
+        idx = idx[torch.arange(N) // C * C]
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
+    gated = gating == "gated"
+    tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
+    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                                 cfg.slc_block, cfg.window, group_size=C, approx=approx,
+                                 gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
+                                 out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, tma=tma,
+                                 max_rows=max_rows, tune=False)
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
+    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
+    if gated:
+        assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
+
+
 @pytest.mark.parametrize("case", [(0, 150, 7, 2, 16, {}), (1, 301, 12, 3, 32, dict(cmp_block=16, cmp_stride=8)),
                                   (2, 37, 5, 1, 16, {}), (3, 96, 9, 2, 64, dict(cmp_block=32, cmp_stride=16)),
                                   (4, 200, 40, 2, 16, {})])

@@ -46,7 +46,7 @@ def _finish(b_m, b_l, b_acc):
     return b_o, b_lse
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PB"])
 def nsa_verify_fwd_kernel(
     q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items,
     N, P, W, scale, NSPLIT, PB,
@@ -117,12 +117,13 @@ def nsa_verify_fwd_kernel(
     tl.store(p_it + 2 * b_rank, b_e, mask=m_first)
     tl.store(p_it + 2 * b_rank + 1, b_bits, mask=m_first)
     # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
-    # partly outside that query's window)
-    o_w = tl.arange(0, NWP)
-    b_wb = tl.where(b_e[None, :] == (lim + o_w)[:, None], 1 << o_eq[None, :], 0)  # [NWP, CE]
-    b_wb = tl.reduce(b_wb, 1, _or)
-    tl.store(p_it + 2 * (n_a + o_w), lim + o_w, mask=o_w < n_w)
-    tl.store(p_it + 2 * (n_a + o_w) + 1, b_wb, mask=o_w < n_w)
+    # partly outside that query's window), 16 tiles at a time so a long window stays small
+    o_w = tl.arange(0, 16)
+    for w0 in range(0, n_w, 16):
+        b_wb = tl.where(b_e[None, :] == (lim + w0 + o_w)[:, None], 1 << o_eq[None, :], 0)  # [16, CE]
+        m_w = w0 + o_w < n_w
+        tl.store(p_it + 2 * (n_a + w0 + o_w), lim + w0 + o_w, mask=m_w)
+        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, tl.reduce(b_wb, 1, _or), mask=m_w)
     # and the bits of the blocks the step's new tokens fall in, P // BS + u
     o_u = tl.arange(0, NTB)
     b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
@@ -266,7 +267,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     union gating). Returns (o [N, Hq, D] in q's dtype, lse_a [N, Hq], lse_b [N, Hq]): for union
     gating lse_a is the log-sum-exp over selected ∪ window; for gated, lse_a / lse_b are the
     selected / window branches'.
-    tma: K/V tiles through tensor descriptors (default: on Hopper or newer), else pointer loads.
+    tma: K/V tiles through tensor descriptors (default: on Hopper or newer with 16-byte aligned
+    caches), else pointer loads. Positions must lie in [prefix_len, prefix_len + N), as a plan's do.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -312,16 +314,19 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     else:
         tune = False
     nsp, ce = pow2(nsel, 1), cq * pow2(nsel, 1)
-    nwp = pow2(-(-(window + slc_block) // slc_block))
+    nwp = -(-(window + slc_block) // slc_block)  # bounds the window tiles of a group (its scratch)
     grid = (ng, hkv, nrs * n_split)
     # per program: the (block, query bits) work list; written and read by that program only
     ntb = pow2(-(-n // slc_block) + 1)
     items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb), device=q.device, dtype=torch.int32)
-    if tma is None:  # TMA wants 16-byte aligned bases and row strides
-        tma = (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
-               and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-                       and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v)))
+    # TMA wants 16-byte aligned bases and row strides
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+                  and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v))
+    if tma is None:
+        tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9 and aligned
     if tma:
+        if not aligned:
+            raise ValueError("tma=True needs 16-byte aligned k/v bases and row strides")
         from triton.tools.tensor_descriptor import TensorDescriptor
         shape, box = [hkv, int(prefix_len) + n, d], [1, slc_block, d]
         kd = TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], box)
