@@ -17,6 +17,7 @@ import platform
 import subprocess
 import sys
 import warnings
+import zlib
 
 import torch
 
@@ -314,6 +315,9 @@ def add_args(p):
                    help="also time exact C in {1, 4, 16} with 2..16 KV splits forced (tuning the split heuristic)")
     p.add_argument("--traces-only", action="store_true", help="only the real-routing rows (needs --traces)")
     p.add_argument("--reps", type=int, default=30, help="milliseconds of graph replays per timing")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of OUT/kernels.json made at this commit and run only the missing cases "
+                        "(a matrix larger than one 10-minute call, over several calls)")
 
 
 def cmd_bench_kernels(args) -> int:
@@ -325,14 +329,22 @@ def cmd_bench_kernels(args) -> int:
         print(f"flash-linear-attention not available ({e}); its rows are skipped", file=sys.stderr)
         fla = None
     cfg = NSAConfig()
-    gen = torch.Generator().manual_seed(args.seed)
     env = environment()
     env["copy_tbps"] = copy_bandwidth()
-    rows = []
     os.makedirs(args.out, exist_ok=True)
+    rows = []
+    if args.resume:
+        rows, earlier = resumed_rows(os.path.join(args.out, "kernels.json"), env["commit"])
+        if earlier:
+            env["earlier_runs"] = earlier
+    done = {(r["shape"], r["context"], r["tree"]) for r in rows}
     for shape in ([] if args.traces_only else args.shapes):
         for T in args.contexts:
             for N in args.trees:
+                if (shape, T, N) in done:
+                    continue
+                # one generator per case, so a resumed run draws the same inputs as a whole one
+                gen = torch.Generator().manual_seed(zlib.crc32(f"{args.seed}:{shape}:{T}:{N}".encode()))
                 sweep = [(C, S) for C in (1, 4, 16) for S in (2, 4, 8, 16)] if args.split_sweep else []
                 for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep):
                     r["frac_of_copy_bw"] = r["tbps"] / env["copy_tbps"]
@@ -358,6 +370,21 @@ def cmd_bench_kernels(args) -> int:
             print(f"layer {r['layer']:2d} ctx {r['context']:6d} N {r['tree']:3d} {r['method']:12s} C={r['C']:2d} "
                   f"{r['ms']:.4f} ms  x naive {r['x_vs_naive']:.2f}  overlap {r['overlap']:.2f}")
     return 0
+
+
+def resumed_rows(path: str, commit: str):
+    """(rows, earlier invocations' env) of a file made at the same commit; each row keeps its own
+    fraction of the copy bandwidth measured in the invocation that timed it."""
+    if not os.path.exists(path):
+        return [], []
+    with open(path) as f:
+        d = json.load(f)
+    env = d.get("env", {})
+    if env.get("commit") != commit:
+        raise ValueError(f"{path} was made at commit {env.get('commit')}, not {commit}: "
+                         "--resume only extends a run of the same code")
+    earlier = env.pop("earlier_runs", [])
+    return d["rows"], earlier + [env]
 
 
 def print_table(rows, env) -> None:
