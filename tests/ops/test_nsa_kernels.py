@@ -124,6 +124,7 @@ EDGE_CASES = {  # name: (seed, P, N, Hkv, G, C, approx, cfg overrides, chain, ma
     "P = BS-1 mod BS, chain over 3 blocks": (15, 159, 40, 1, 2, 4, False, {}, True, 128),
     "P = 0, window 0": (16, 0, 40, 1, 2, 8, False, dict(window=0), True, 128),
     "window longer than the context": (17, 300, 20, 1, 1, 16, False, dict(window=70000, n_select=16), False, 128),
+    "128 queries (the most supported)": (18, 260, 128, 1, 3, 4, False, {}, False, 128),
 }
 
 
