@@ -27,14 +27,14 @@ PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32"
             o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32")
 
 
-def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True):
+def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False):
     desc = f"tensordesc<bf16[1,64,{D}]>" if tma else "*bf16"
     sig = dict(PTRS, k_desc=desc, v_desc=desc, scale="fp32", **{n: "i32" for n in INTS})
     order = list(nsa_verify_fwd_kernel.arg_names)
     sig = {n: sig.get(n, "constexpr") for n in order}
     cq = 1 if approx else C
     const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=False,
-                 APPROX=approx, SPLIT=True, TMA=tma)
+                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy)
     div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "PB")]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
@@ -86,9 +86,10 @@ def sass_summary(cc) -> str:
 def main() -> int:
     if "--sass" in sys.argv:
         for C, rows, warps, stages in ((1, 16, 4, 3), (4, 16, 4, 3), (8, 32, 4, 3), (16, 64, 8, 3)):
-            for tma in (True, False):
-                cc = compile_verify(C, rows, warps, stages, tma=tma)
-                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s}: {sass_summary(cc)}")
+            for tma, lazy in ((True, False), (False, False), (True, True)):
+                cc = compile_verify(C, rows, warps, stages, tma=tma, lazy=lazy)
+                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s} lazy={lazy!s:5s}: "
+                      f"{sass_summary(cc)}")
         return 0
     for C, rows, warps in ((1, 16, 4), (4, 16, 4), (16, 64, 4), (16, 64, 8)):
         cc = compile_verify(C, rows, warps)

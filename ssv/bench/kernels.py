@@ -173,6 +173,10 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
         add("ssv exact", C, verify(C, False))
     for C in (4, 16):
         add("ssv approx", C, verify(C, True))
+    # the lazy softmax (no per-iteration row max / row sum), opt-in until timed: for both sides
+    add("naive (C=1), lazy softmax", 1, verify(1, False, lazy=True))
+    add("ssv exact, lazy softmax", 4, verify(4, False, lazy=True))
+    add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True))
     for C, S in split_sweep:
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:

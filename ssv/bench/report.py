@@ -33,8 +33,8 @@ def best_table(path: str) -> str:
         rs = [r for r in rows if (r["shape"], r["context"], r["tree"]) == (shape, ctx, n)]
         by = {(r["method"], r["C"]): r for r in rs}
         naive = min(r["ms"] for r in rs if r["method"].startswith("naive (C=1)"))  # its best launch
-        ex = min((r for r in rs if r["method"] == "ssv exact"), key=lambda r: r["ms"])
-        ap = min((r for r in rs if r["method"] == "ssv approx"), key=lambda r: r["ms"])
+        ex = min((r for r in rs if r["method"].startswith("ssv exact")), key=lambda r: r["ms"])
+        ap = min((r for r in rs if r["method"].startswith("ssv approx")), key=lambda r: r["ms"])
         fla = [r["ms"] for r in rs if r["method"].startswith("fla parallel_nsa slc")]
         dense = by[("dense sdpa", 0)]["ms"]
         f = f"{fla[0]:.4f}" if fla else "—"

@@ -72,7 +72,7 @@ VERIFY_CASES = [
 ]
 
 
-PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False)}
+PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -128,6 +128,36 @@ EDGE_CASES = {  # name: (seed, P, N, Hkv, G, C, approx, cfg overrides, chain, ma
 }
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf * 0
+@pytest.mark.parametrize("gating, extreme", [("union", "overflow"), ("gated", "overflow"), ("gated", "underflow")])
+def test_verify_lazy_softmax_falls_back_when_exp2_leaves_range(gating, extreme):
+    """The lazy softmax measures scores against each row's own token: when the prefix scores are
+    hundreds of bits above it (exp2 overflows) or below it (the prefix sums underflow, which matters
+    for a gated branch the own token is not in: here the selected one, with no block past the
+    prefix selected), the kernel must redo the prefix with the online softmax."""
+    cfg = NSAConfig(**{**CFG, "gating": gating})
+    P, N = 150, 7
+    q, k, v, pos, mask, gates = make_case(20, P, N, 2, 2, 16, DTYPES[0], cfg)
+    q = q.float() * 8
+    own = q.view(N, 2, 2, 16).mean(2).transpose(0, 1)           # [Hkv, N, D], each query's direction
+    k = k.float()
+    k[:, P:P + N] = (-30.0 if extreme == "overflow" else 60.0) * own / own.norm(dim=-1, keepdim=True)
+    q, k = q.to(DTYPES[0]), k.to(DTYPES[0])
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    if extreme == "underflow":
+        idx = ref.block_indices
+        idx = torch.where(idx >= P // cfg.slc_block, 1 << 20, idx).sort(-1).values
+        idx = torch.where(idx == 1 << 20, -1, idx)
+        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
+    gated = gating == "gated"
+    o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
+                             ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=4,
+                             gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
+                             out=torch.full_like(q, float("nan")).to(DEV), lazy=True, tune=False)
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
+    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
+
+
 @pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("name", list(EDGE_CASES))
@@ -143,11 +173,12 @@ def test_verify_edge_cases(name, gating, n_split):
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
     gated = gating == "gated"
     tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
+    lazy = seed % 3 == 0                       # and the lazy softmax in a third of the cases
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
                                  out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, tma=tma,
-                                 max_rows=max_rows, tune=False)
+                                 max_rows=max_rows, tune=False, lazy=lazy)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
     assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
     if gated:

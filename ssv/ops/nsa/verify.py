@@ -35,6 +35,29 @@ def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
 
 
 @triton.jit
+def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i_h, P, W, s_kt,
+          BS: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    # work item `it`: its tile's scores [BM, BS] and values [BS, D], and which scores each row may
+    # use in the selected branch (its query selected the block) and in the window branch
+    j = tl.load(p_it + 2 * it)
+    member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
+    o_t = j * BS + o_t0
+    m_t = o_t < P
+    if TMA:
+        # the descriptors span [Hkv, P + N, D]: rows past the step come back as zeros, and the
+        # step's own rows in the last prefix tile are finite (their scores are masked)
+        b_k = k_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+        b_v = v_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+    else:
+        p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
+        b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+    in_win = o_t[None, :] > (b_pos[:, None] - W)
+    return b_s, b_v, member & m_t[None, :], in_win & m_t[None, :]
+
+
+@triton.jit
 def _or(a, b):
     return a | b
 
@@ -53,7 +76,7 @@ def nsa_verify_fwd_kernel(
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
-    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
+    GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
@@ -129,27 +152,52 @@ def nsa_verify_fwd_kernel(
     b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
     tl.store(p_it + 2 * (CE + NWP) + o_u, tl.reduce(b_ub, 1, _or))
     tl.debug_barrier()
-    for it in range(i_k, n_a + n_w, NSPLIT):
-        j = tl.load(p_it + 2 * it)
-        member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
-        o_t = j * BS + o_t0
-        m_t = o_t < P
-        if TMA:
-            # the descriptors span [Hkv, P + N, D]: rows past the step come back as zeros, and the
-            # step's own rows in the last prefix tile are finite (their scores are masked below)
-            b_k = k_desc.load([i_h, j * BS, 0]).reshape(BS, D)
-            b_v = v_desc.load([i_h, j * BS, 0]).reshape(BS, D)
-        else:
-            p_t = o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
-            b_k = tl.load(kbase + p_t, mask=m_t[:, None], other=0.0)
-            b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        in_win = o_t[None, :] > (b_pos[:, None] - W)
+    n_redo = 1
+    if LAZY:
+        # Softmax against a fixed reference instead of a running max: each row's score on its own
+        # new token (every query sees itself), so no row max and no row sum cross the warps per
+        # iteration; p is summed elementwise and reduced once. Exact unless exp2 over/underflows,
+        # which the sums show: then the program redoes the prefix with the online softmax.
+        p_self = (P + o_qi64)[:, None] * s_kt + o_d[None, :]
+        b_ref = tl.sum(b_q.to(tl.float32) * tl.load(kbase + p_self, mask=m_r[:, None], other=0.0).to(tl.float32), 1)
+        b_lp1 = tl.zeros([BM, BS], tl.float32)
+        b_lp2 = tl.zeros([BM, BS], tl.float32)
+        for it in range(i_k, n_a + n_w, NSPLIT):
+            b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
+                                           i_h, P, W, s_kt, BS, D, TMA)
+            b_x = tl.exp2(b_s - b_ref[:, None])
+            if GATED:
+                b_p1 = tl.where(m_sel, b_x, 0.0)
+                b_p2 = tl.where(m_win, b_x, 0.0)
+                b_lp2 += b_p2
+                b_a2 += tl.dot(b_p2.to(b_v.dtype), b_v, input_precision="ieee")
+            else:
+                b_p1 = tl.where(m_sel | m_win, b_x, 0.0)
+            b_lp1 += b_p1
+            b_a1 += tl.dot(b_p1.to(b_v.dtype), b_v, input_precision="ieee")
+        b_l1 = tl.sum(b_lp1, 1)
+        b_l2 = tl.sum(b_lp2, 1)
+        ok = (b_l1 >= 5.4e-20) & (b_l1 <= 1.2e30)  # 2^-64, 2^100
         if GATED:
-            b_m1, b_l1, b_a1 = _online(b_s, member & m_t[None, :], b_v, b_m1, b_l1, b_a1)
-            b_m2, b_l2, b_a2 = _online(b_s, in_win & m_t[None, :], b_v, b_m2, b_l2, b_a2)
-        else:
-            b_m1, b_l1, b_a1 = _online(b_s, (in_win | member) & m_t[None, :], b_v, b_m1, b_l1, b_a1)
+            ok = ok & (b_l2 >= 5.4e-20) & (b_l2 <= 1.2e30)
+        n_redo = tl.sum(tl.where(m_r & ~ok, 1, 0))
+        b_m1 = b_ref
+        b_m2 = b_ref
+    if n_redo > 0:
+        b_m1 = tl.full([BM], float("-inf"), tl.float32)
+        b_l1 = tl.zeros([BM], tl.float32)
+        b_a1 = tl.zeros([BM, D], tl.float32)
+        b_m2 = tl.full([BM], float("-inf"), tl.float32)
+        b_l2 = tl.zeros([BM], tl.float32)
+        b_a2 = tl.zeros([BM, D], tl.float32)
+        for it in range(i_k, n_a + n_w, NSPLIT):
+            b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
+                                           i_h, P, W, s_kt, BS, D, TMA)
+            if GATED:
+                b_m1, b_l1, b_a1 = _online(b_s, m_sel, b_v, b_m1, b_l1, b_a1)
+                b_m2, b_l2, b_a2 = _online(b_s, m_win, b_v, b_m2, b_l2, b_a2)
+            else:
+                b_m1, b_l1, b_a1 = _online(b_s, m_sel | m_win, b_v, b_m1, b_l1, b_a1)
 
     # the step's new tokens, seen only along each query's own path (KV split 0)
     if i_k == 0:
@@ -219,7 +267,7 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
 # outputs and its own scratch, so re-running it while tuning is harmless.
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT", "TMA", "PB"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "TMA", "LAZY", "PB"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
@@ -259,7 +307,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
-               tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None):
+               tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None,
+               lazy: bool = False):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -269,6 +318,9 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     selected / window branches'.
     tma: K/V tiles through tensor descriptors (default: on Hopper or newer with 16-byte aligned
     caches), else pointer loads. Positions must lie in [prefix_len, prefix_len + N), as a plan's do.
+    lazy: softmax against each row's score on its own token (no per-iteration row max or row sum),
+    with an in-kernel fallback to the online softmax when that over/underflows; off by default until
+    it is timed on the GPU.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -339,7 +391,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
         G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
         NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
-        TMA=bool(tma), **launch,
+        TMA=bool(tma), LAZY=bool(lazy), **launch,
     )
     if split:
         nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
