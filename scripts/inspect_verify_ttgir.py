@@ -24,21 +24,44 @@ from ssv.ops.nsa.verify import nsa_verify_fwd_kernel
 
 INTS = ("N", "P", "W", "NSPLIT", "PB", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
 PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32", gates="*fp32", o_cmp="*fp32",
-            o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32")
+            o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32",
+            plse="*fp32", po="*bf16")
 
 
-def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False):
+def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False, bm=False):
     desc = f"tensordesc<bf16[1,64,{D}]>" if tma else "*bf16"
     sig = dict(PTRS, k_desc=desc, v_desc=desc, scale="fp32", **{n: "i32" for n in INTS})
     order = list(nsa_verify_fwd_kernel.arg_names)
     sig = {n: sig.get(n, "constexpr") for n in order}
     cq = 1 if approx else C
     const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=False,
-                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy)
+                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy, BMERGE=bm, NP=64)
     div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "PB")]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+def compile_block_major(G=4, D=128):
+    """The block-major plan and item kernels at the Llama 64K / 64-query shape, for sm_90."""
+    from ssv.ops.nsa.verify_bm import nsa_bm_plan_fwd_kernel, nsa_bm_sel_fwd_kernel
+
+    def comp(fn, types, const):
+        order = list(fn.arg_names)
+        sig = {n: types.get(n, "constexpr") for n in order}
+        div = [order.index(n) for n, t in types.items() if t.startswith("*")]
+        src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    i32 = {n: "*i32" for n in ("csr", "it_blk", "it_chk", "b_eo", "b_cnt", "n_items")}
+    plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", ctr="*i32", N="i32", W="i32",
+                                             s_bn="i32", s_bh="i32"),
+                dict(NP=64, NSEL=16, NSELP=16, NB=2048, BS=64, QC=16 // G, CMAX=64 // (16 // G)))
+    sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", plse="*fp32", po="*bf16",
+                                           P="i32", scale="fp32", s_qn="i32", s_qh="i32", s_kh="i32",
+                                           s_kt="i32", HQ="i32"),
+               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, NB=2048, E=1024, NSELP=16))
+    return plan, sel
 
 
 def main_loop(ttgir: str) -> str:
@@ -86,10 +109,14 @@ def sass_summary(cc) -> str:
 def main() -> int:
     if "--sass" in sys.argv:
         for C, rows, warps, stages in ((1, 16, 4, 3), (4, 16, 4, 3), (8, 32, 4, 3), (16, 64, 8, 3)):
-            for tma, lazy in ((True, False), (False, False), (True, True)):
-                cc = compile_verify(C, rows, warps, stages, tma=tma, lazy=lazy)
-                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s} lazy={lazy!s:5s}: "
-                      f"{sass_summary(cc)}")
+            for tma, lazy, bm in ((True, False, False), (False, False, False), (True, True, False),
+                                  (True, False, True)):
+                cc = compile_verify(C, rows, warps, stages, tma=tma, lazy=lazy, bm=bm)
+                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s} lazy={lazy!s:5s} "
+                      f"block-major window pass={bm!s:5s}: {sass_summary(cc)}")
+        plan, sel = compile_block_major()
+        print(f"block-major plan kernel: {sass_summary(plan)}")
+        print(f"block-major item kernel (16 rows): {sass_summary(sel)}")
         return 0
     for C, rows, warps in ((1, 16, 4), (4, 16, 4), (16, 64, 4), (16, 64, 8)):
         cc = compile_verify(C, rows, warps)

@@ -177,6 +177,11 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     add("naive (C=1), lazy softmax", 1, verify(1, False, lazy=True))
     add("ssv exact, lazy softmax", 4, verify(4, False, lazy=True))
     add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True))
+    # block-major selected branch (each block once per head, only its selecting rows), opt-in until
+    # timed; C is the window pass's group
+    for C in (4, 16):
+        add("ssv exact, block-major", C, verify(C, False, block_major=True))
+    add("ssv exact, block-major + lazy", 4, verify(4, False, block_major=True, lazy=True))
     for C, S in split_sweep:
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:

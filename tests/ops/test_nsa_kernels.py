@@ -72,7 +72,8 @@ VERIFY_CASES = [
 ]
 
 
-PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True)}
+PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True),
+         "block-major": dict(tma=True, block_major=True)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -86,6 +87,12 @@ def test_verify_matches_reference(case, gating, dtype, n_split, path):
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
+    if approx and path == "block-major":  # an exact-mode path: asking for it with approx is an error
+        with pytest.raises(ValueError, match="block_major is for exact mode"):
+            nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
+                       torch.zeros(N, hkv, 1, dtype=torch.int32, device=DEV), cfg.slc_block, cfg.window,
+                       group_size=C, approx=True, block_major=True)
+        return
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
     idx = ref.block_indices
     if approx:
@@ -174,11 +181,12 @@ def test_verify_edge_cases(name, gating, n_split):
     gated = gating == "gated"
     tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
     lazy = seed % 3 == 0                       # and the lazy softmax in a third of the cases
+    block_major = not approx and (seed % 2 == 1 or seed in (10, 18))
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
                                  out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, tma=tma,
-                                 max_rows=max_rows, tune=False, lazy=lazy)
+                                 max_rows=max_rows, tune=False, lazy=lazy, block_major=block_major)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
     assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
     if gated:
@@ -206,8 +214,9 @@ def test_path_blocks_kernel_matches_torch(case):
         assert g.shape == ref.shape and rel_err(g, ref) < tol(DTYPES[0]) or ref.norm() == 0 and g.norm() == 0
 
 
+@pytest.mark.parametrize("block_major", [False, True])
 @pytest.mark.parametrize("C", [1, 4])
-def test_verify_repeated_block_in_one_list_counts_once(C):
+def test_verify_repeated_block_in_one_list_counts_once(C, block_major):
     """A list such as [a, a, c, ...] (ascending, not strictly) attends to block a once, like the reference."""
     cfg = NSAConfig(**CFG)
     q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
@@ -215,7 +224,8 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     idx[..., 1] = torch.where(idx[..., 1] >= 0, idx[..., 0], idx[..., 1])
     ref = nsa_naive(q.float(), k.float(), v.float(), 150, pos, mask, cfg, block_indices=idx)
     o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                         cfg.slc_block, cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
+                         cfg.slc_block, cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV),
+                         block_major=block_major)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
 
 

@@ -58,6 +58,16 @@ def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i
 
 
 @triton.jit
+def _absorb(b_ls, b_os, b_m, b_l, b_acc):
+    # merge a normalized partial (base-2 log-sum-exp b_ls, output b_os) into an online state
+    b_mn = tl.maximum(b_m, b_ls)
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_alpha = tl.exp2(b_m - b_ms)
+    b_w = tl.exp2(b_ls - b_ms)
+    return b_mn, b_l * b_alpha + b_w, b_acc * b_alpha[:, None] + b_os * b_w[:, None]
+
+
+@triton.jit
 def _or(a, b):
     return a | b
 
@@ -71,12 +81,13 @@ def _finish(b_m, b_l, b_acc):
 
 @triton.jit(do_not_specialize=["PB"])
 def nsa_verify_fwd_kernel(
-    q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items,
+    q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po,
     N, P, W, scale, NSPLIT, PB,
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
     GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
+    BMERGE: tl.constexpr, NP: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
@@ -102,6 +113,8 @@ def nsa_verify_fwd_kernel(
     # Work items: the group's union blocks below the window region, then the window region's
     # block-aligned tiles up to P; KV split i_k takes every NSPLIT-th item.
     minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
+    if BMERGE:  # the block-major pass took every selected block below the step's window region
+        minpos = tl.min(tl.load(pos + tl.arange(0, NP), mask=tl.arange(0, NP) < N, other=1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
     # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
@@ -116,6 +129,8 @@ def nsa_verify_fwd_kernel(
     # a query's own list is ascending: a repeat of the previous slot is the same block again
     b_e1 = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
     m_first = (b_e >= 0) & (b_e < lim) & (b_e != b_e1)
+    if BMERGE:  # no union items: they are the block-major pass's
+        m_first = m_first & (b_e < 0)
     # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group)
     b_bits = tl.zeros([CE], tl.int32)
     for c in tl.static_range(0, CQ):
@@ -227,6 +242,17 @@ def nsa_verify_fwd_kernel(
 
     p_l = o_qi64 * HQ + o_hq
     p_o = p_l[:, None] * D + o_d[None, :]
+    if BMERGE:
+        if i_k == 0:  # the block-major partials of each row's own selected blocks, in slot order
+            for kk in range(NSEL):
+                p_k = blk + o_qi64 * s_bn + i_h * s_bh + kk
+                b_bk = tl.load(p_k, mask=m_r, other=-1)
+                b_bk1 = tl.load(p_k - 1, mask=m_r & (kk > 0), other=-1)
+                m_s = m_r & (b_bk >= 0) & (b_bk < lim) & (b_bk != b_bk1)
+                p_s = p_l * NSELP + kk
+                b_ls = tl.load(plse + p_s, mask=m_s, other=float("-inf"))
+                b_os = tl.load(po + p_s[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0).to(tl.float32)
+                b_m1, b_l1, b_a1 = _absorb(b_ls, b_os, b_m1, b_l1, b_a1)
     if SPLIT:
         # partial softmax states, merged by nsa_verify_combine_kernel
         p_w = (i_k * N * HQ + p_l) * 2
@@ -267,7 +293,7 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
 # outputs and its own scratch, so re-running it while tuning is harmless.
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT", "TMA", "LAZY", "PB"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "TMA", "LAZY", "BMERGE", "PB"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
@@ -308,7 +334,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
                tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None,
-               lazy: bool = False):
+               lazy: bool = False, block_major: bool = False):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -321,6 +347,9 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     lazy: softmax against each row's score on its own token (no per-iteration row max or row sum),
     with an in-kernel fallback to the online softmax when that over/underflows; off by default until
     it is timed on the GPU.
+    block_major (exact mode only; off until timed): the selected blocks below the step's window region
+    go through `verify_bm` (each loaded once per KV head, only its selecting rows computed) and this
+    kernel covers the window region and the tree, absorbing those partials.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -366,7 +395,16 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     else:
         tune = False
     nsp, ce = pow2(nsel, 1), cq * pow2(nsel, 1)
-    nwp = -(-(window + slc_block) // slc_block)  # bounds the window tiles of a group (its scratch)
+    # bounds the window tiles of a group (its scratch); block-major's region starts at the step's
+    # lowest window, up to N positions below the group's
+    nwp = -(-(window + slc_block + (n if block_major else 0)) // slc_block)
+    if block_major:
+        if approx:
+            raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
+        from ssv.ops.nsa.verify_bm import block_major_partials
+        plse, po = block_major_partials(q, k, v, pos, bi, int(prefix_len), int(window), slc_block, scale)
+    else:
+        plse, po = lse_a, lse_a
     grid = (ng, hkv, nrs * n_split)
     # per program: the (block, query bits) work list; written and read by that program only
     ntb = pow2(-(-n // slc_block) + 1)
@@ -386,12 +424,12 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     else:
         kd, vd = k, v
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](
-        q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items,
+        q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po,
         n, int(prefix_len), int(window), float(scale), n_split, int(prefix_len).bit_length(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
         G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
         NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
-        TMA=bool(tma), LAZY=bool(lazy), **launch,
+        TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major), NP=pow2(n, 1), **launch,
     )
     if split:
         nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
