@@ -57,10 +57,12 @@ def compile_block_major(G=4, D=128):
     plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", ctr="*i32", N="i32", W="i32",
                                              s_bn="i32", s_bh="i32"),
                 dict(NP=64, NSEL=16, NSELP=16, NB=2048, BS=64, QC=16 // G, CMAX=64 // (16 // G)))
-    sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", plse="*fp32", po="*bf16",
+    desc = f"tensordesc<bf16[1,64,{D}]>"
+    sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", k_desc=desc, v_desc=desc,
+                                           plse="*fp32", po="*bf16",
                                            P="i32", scale="fp32", s_qn="i32", s_qh="i32", s_kh="i32",
                                            s_kt="i32", HQ="i32"),
-               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, NB=2048, E=1024, NSELP=16))
+               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, NB=2048, E=1024, NSELP=16, TMA=True))
     return plan, sel
 
 

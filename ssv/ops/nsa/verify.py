@@ -398,13 +398,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     # bounds the window tiles of a group (its scratch); block-major's region starts at the step's
     # lowest window, up to N positions below the group's
     nwp = -(-(window + slc_block + (n if block_major else 0)) // slc_block)
-    if block_major:
-        if approx:
-            raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
-        from ssv.ops.nsa.verify_bm import block_major_partials
-        plse, po = block_major_partials(q, k, v, pos, bi, int(prefix_len), int(window), slc_block, scale)
-    else:
-        plse, po = lse_a, lse_a
+    if block_major and approx:
+        raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
     grid = (ng, hkv, nrs * n_split)
     # per program: the (block, query bits) work list; written and read by that program only
     ntb = pow2(-(-n // slc_block) + 1)
@@ -423,6 +418,12 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         vd = TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], box)
     else:
         kd, vd = k, v
+    if block_major:
+        from ssv.ops.nsa.verify_bm import block_major_partials
+        plse, po = block_major_partials(q, k, v, pos, bi, int(prefix_len), int(window), slc_block, scale,
+                                        descs=(kd, vd) if tma else None)
+    else:
+        plse, po = lse_a, lse_a
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](
         q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po,
         n, int(prefix_len), int(window), float(scale), n_split, int(prefix_len).bit_length(),

@@ -60,10 +60,10 @@ def nsa_bm_plan_fwd_kernel(
 
 @triton.jit
 def nsa_bm_sel_fwd_kernel(
-    q, k, v, csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, P, scale,
+    q, k, v, k_desc, v_desc, csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, P, scale,
     s_qn, s_qh, s_kh, s_kt, HQ,
     G: tl.constexpr, QC: tl.constexpr, RB: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    NB: tl.constexpr, E: tl.constexpr, NSELP: tl.constexpr,
+    NB: tl.constexpr, E: tl.constexpr, NSELP: tl.constexpr, TMA: tl.constexpr,
 ):
     # one program per (KV head, work item); items past the head's count do nothing
     i_h, i_i = tl.program_id(0), tl.program_id(1)
@@ -85,9 +85,13 @@ def nsa_bm_sel_fwd_kernel(
         b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
         o_t = j * BS + tl.arange(0, BS)
         m_t = o_t < P
-        p_t = i_h.to(tl.int64) * s_kh + o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
-        b_k = tl.load(k + p_t, mask=m_t[:, None], other=0.0)
-        b_v = tl.load(v + p_t, mask=m_t[:, None], other=0.0)
+        if TMA:  # the verify kernel's descriptors: rows past the step read as zeros
+            b_k = k_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+            b_v = v_desc.load([i_h, j * BS, 0]).reshape(BS, D)
+        else:
+            p_t = i_h.to(tl.int64) * s_kh + o_t.to(tl.int64)[:, None] * s_kt + o_d[None, :]
+            b_k = tl.load(k + p_t, mask=m_t[:, None], other=0.0)
+            b_v = tl.load(v + p_t, mask=m_t[:, None], other=0.0)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # [RB, BS]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         b_m = tl.max(b_s, 1)
@@ -99,9 +103,11 @@ def nsa_bm_sel_fwd_kernel(
         tl.store(po + p_s[:, None] * D + o_d[None, :], b_o.to(po.dtype.element_ty), mask=m_r[:, None])
 
 
-def block_major_partials(q, k, v, pos, bi, prefix_len: int, window: int, slc_block: int, scale: float):
+def block_major_partials(q, k, v, pos, bi, prefix_len: int, window: int, slc_block: int, scale: float,
+                         descs=None):
     """Per (query, head, slot) partials of the selected blocks below the step's window region:
-    (lse2 [N, Hq, NSELP] base-2, -inf where unwritten is never read; o [N, Hq, NSELP, D] in q's dtype)."""
+    (lse2 [N, Hq, NSELP] base-2, o [N, Hq, NSELP, D] in q's dtype; unwritten slots are never read).
+    descs: the verify kernel's (k, v) tensor descriptors, for TMA loads; None: pointer loads."""
     n, hq, d = q.shape
     hkv, nsel = k.shape[0], bi.shape[-1]
     g = hq // hkv
@@ -120,7 +126,8 @@ def block_major_partials(q, k, v, pos, bi, prefix_len: int, window: int, slc_blo
         bi, pos, ctr, csr, it_blk, it_chk, b_eo, b_cnt, n_items, n, int(window), bi.stride(0), bi.stride(1),
         NP=np_, NSEL=nsel, NSELP=nselp, NB=nb, BS=slc_block, QC=qc, CMAX=triton.cdiv(np_, qc), num_warps=8)
     nsa_bm_sel_fwd_kernel[(hkv, n * nsel)](
-        q, k, v, csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, int(prefix_len), float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
-        G=g, QC=qc, RB=pow2(qc * g), D=d, BS=slc_block, NB=nb, E=e, NSELP=nselp, num_warps=4)
+        q, k, v, *(descs or (k, v)), csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, int(prefix_len),
+        float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
+        G=g, QC=qc, RB=pow2(qc * g), D=d, BS=slc_block, NB=nb, E=e, NSELP=nselp, TMA=descs is not None,
+        num_warps=4)
     return plse, po
