@@ -73,6 +73,34 @@ def _or(a, b):
 
 
 @triton.jit
+def _bits(b_e, o_eq, b_blocks):
+    # for each block of b_blocks [X]: bit c set when query c's entries (b_e [E], query o_eq) hold it
+    return tl.reduce(tl.where(b_e[None, :] == b_blocks[:, None], 1 << o_eq[None, :], 0), 1, _or)
+
+
+@triton.jit
+def _entries(blk, q0, N, i_h, s_bn, s_bh, NQ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr):
+    # the selections of queries q0 .. q0+NQ-1 at KV head i_h, flat [NQ * NSELP]: (query within the
+    # range, block as int32, -1 padded; mask of real entries that are not a repeat of the previous
+    # slot -- a query's own list is ascending, so a repeat is the same block again)
+    o_e = tl.arange(0, NQ * NSELP)
+    o_eq = o_e // NSELP
+    o_es = o_e % NSELP
+    m_e = (o_es < NSEL) & (q0 + o_eq < N)
+    p_e = blk + (q0 + o_eq).to(tl.int64) * s_bn + i_h * s_bh + o_es
+    b_e = tl.load(p_e, mask=m_e, other=-1).to(tl.int32)
+    b_e1 = tl.load(p_e - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
+    return o_eq, b_e, (b_e >= 0) & (b_e != b_e1)
+
+
+@triton.jit
+def _empty_states(BM: tl.constexpr, D: tl.constexpr):
+    # (max, sum, acc) of the two softmax branches before any key
+    return (tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32), tl.zeros([BM, D], tl.float32),
+            tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32), tl.zeros([BM, D], tl.float32))
+
+
+@triton.jit
 def _finish(b_m, b_l, b_acc):
     b_o = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
     b_lse = tl.where(b_l > 0, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -103,32 +131,21 @@ def nsa_verify_fwd_kernel(
     b_pos = tl.load(pos + o_qi, mask=m_r, other=0)
     o_k = tl.arange(0, NSELP)
 
-    b_m1 = tl.full([BM], float("-inf"), tl.float32)
-    b_l1 = tl.zeros([BM], tl.float32)
-    b_a1 = tl.zeros([BM, D], tl.float32)
-    b_m2 = tl.full([BM], float("-inf"), tl.float32)
-    b_l2 = tl.zeros([BM], tl.float32)
-    b_a2 = tl.zeros([BM, D], tl.float32)
+    b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
 
     # Work items: the group's union blocks below the window region, then the window region's
     # block-aligned tiles up to P; KV split i_k takes every NSPLIT-th item.
-    minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     if BMERGE:  # the block-major pass took every selected block below the step's window region
         minpos = tl.min(tl.load(pos + tl.arange(0, NP), mask=tl.arange(0, NP) < N, other=1 << 30))
+    else:
+        minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
     # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
     # earlier query of the group (nor its own previous slot) selected the same block, then
     # ranked by a prefix sum; no sort and no extra launch.
-    o_e = tl.arange(0, CE)
-    o_eq = o_e // NSELP
-    o_es = o_e % NSELP
-    o_eqi = (i_g * C + o_eq).to(tl.int64)
-    m_e = (o_es < NSEL) & (o_eqi < N)
-    b_e = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es, mask=m_e, other=-1).to(tl.int32)
-    # a query's own list is ascending: a repeat of the previous slot is the same block again
-    b_e1 = tl.load(blk + o_eqi * s_bn + i_h * s_bh + o_es - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
-    m_first = (b_e >= 0) & (b_e < lim) & (b_e != b_e1)
+    o_eq, b_e, m_e = _entries(blk, i_g * C, N, i_h, s_bn, s_bh, CQ, NSEL, NSELP)
+    m_first = m_e & (b_e < lim)
     if BMERGE:  # no union items: they are the block-major pass's
         m_first = m_first & (b_e < 0)
     # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group)
@@ -158,14 +175,12 @@ def nsa_verify_fwd_kernel(
     # partly outside that query's window), 16 tiles at a time so a long window stays small
     o_w = tl.arange(0, 16)
     for w0 in range(0, n_w, 16):
-        b_wb = tl.where(b_e[None, :] == (lim + w0 + o_w)[:, None], 1 << o_eq[None, :], 0)  # [16, CE]
         m_w = w0 + o_w < n_w
         tl.store(p_it + 2 * (n_a + w0 + o_w), lim + w0 + o_w, mask=m_w)
-        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, tl.reduce(b_wb, 1, _or), mask=m_w)
+        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, _bits(b_e, o_eq, lim + w0 + o_w), mask=m_w)
     # and the bits of the blocks the step's new tokens fall in, P // BS + u
     o_u = tl.arange(0, NTB)
-    b_ub = tl.where(b_e[None, :] == (P // BS + o_u)[:, None], 1 << o_eq[None, :], 0)  # [NTB, CE]
-    tl.store(p_it + 2 * (CE + NWP) + o_u, tl.reduce(b_ub, 1, _or))
+    tl.store(p_it + 2 * (CE + NWP) + o_u, _bits(b_e, o_eq, P // BS + o_u))
     tl.debug_barrier()
     n_redo = 1
     if LAZY:
@@ -199,12 +214,7 @@ def nsa_verify_fwd_kernel(
         b_m1 = b_ref
         b_m2 = b_ref
     if n_redo > 0:
-        b_m1 = tl.full([BM], float("-inf"), tl.float32)
-        b_l1 = tl.zeros([BM], tl.float32)
-        b_a1 = tl.zeros([BM, D], tl.float32)
-        b_m2 = tl.full([BM], float("-inf"), tl.float32)
-        b_l2 = tl.zeros([BM], tl.float32)
-        b_a2 = tl.zeros([BM, D], tl.float32)
+        b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
         for it in range(i_k, n_a + n_w, NSPLIT):
             b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
                                            i_h, P, W, s_kt, BS, D, TMA)

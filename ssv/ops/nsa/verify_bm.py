@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ssv.ops.nsa.verify import _entries
 from ssv.ops.utils import pow2
 
 
@@ -30,14 +31,8 @@ def nsa_bm_plan_fwd_kernel(
     o_n = tl.arange(0, NP)
     minpos = tl.min(tl.load(pos + o_n, mask=o_n < N, other=1 << 30))
     lim = tl.maximum(minpos - W + 1, 0) // BS  # blocks below this are outside every query's window
-    o_e = tl.arange(0, NP * NSELP)
-    o_eq = o_e // NSELP
-    o_es = o_e % NSELP
-    m_e = (o_eq < N) & (o_es < NSEL)
-    p_e = blk + o_eq.to(tl.int64) * s_bn + i_h * s_bh + o_es
-    b_e = tl.load(p_e, mask=m_e, other=-1).to(tl.int32)
-    b_e1 = tl.load(p_e - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
-    m_v = (b_e >= 0) & (b_e < lim) & (b_e != b_e1)  # a repeat in one ascending list counts once
+    o_eq, b_e, m_e = _entries(blk, 0, N, i_h, s_bn, s_bh, NP, NSEL, NSELP)
+    m_v = m_e & (b_e < lim)
     b_n = tl.histogram(b_e, NB, mask=m_v)  # [NB] selections per block
     b_c = (b_n + QC - 1) // QC  # work items per block
     b_io = tl.cumsum(b_c, 0) - b_c
@@ -51,7 +46,7 @@ def nsa_bm_plan_fwd_kernel(
     # each selection takes the next free place of its block's range
     b_slot = tl.atomic_add(ctr + i_h.to(tl.int64) * NB + b_e, 1, mask=m_v)
     p_h = i_h.to(tl.int64) * (NP * NSELP)
-    tl.store(csr + p_h + b_slot, o_eq * NSELP + o_es, mask=m_v)
+    tl.store(csr + p_h + b_slot, tl.arange(0, NP * NSELP), mask=m_v)  # query * NSELP + slot
     for c in range(CMAX):
         tl.store(it_blk + p_h + b_io + c, o_b, mask=b_c > c)
         tl.store(it_chk + p_h + b_io + c, o_b * 0 + c, mask=b_c > c)
