@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from ssv.bench.kernels import eagle_tree, overlap_of, resumed_rows, synthetic_selection, unique_bytes
+from ssv.bench.kernels import (cases, cases_in, claim, eagle_tree, merge_results, overlap_of, ratios, resumed_rows,
+                               synthetic_selection, unique_bytes)
 from ssv.config import NSAConfig
 
 
@@ -63,3 +64,59 @@ def test_bench_kernels_needs_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "kernels", "--shapes", "nsa-1b"])
     assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_cases_cross_and_axes():
+    assert cases([8, 16], [4, 64]) == [(8, 4), (8, 64), (16, 4), (16, 64)]
+    got = cases([8192, 65536, 131072], [4, 64, 128], "axes")
+    assert got[0] == (65536, 64) and len(got) == len(set(got)) == 5
+    assert set(got) == {(65536, 64), (8192, 64), (131072, 64), (65536, 4), (65536, 128)}
+    with pytest.raises(ValueError, match="unknown matrix"):
+        cases([8], [4], "diagonal")
+
+
+def test_ratios_use_the_strongest_naive_and_skip_failed_rows():
+    rows = [dict(method="naive (C=1)", C=1, ms=4.0), dict(method="naive (C=1), 2 KV splits", C=1, ms=2.0),
+            dict(method="ssv exact", C=4, ms=1.0), dict(method="ssv exact, block-major", C=4, ms=None),
+            dict(method="dense sdpa", C=0, ms=8.0), dict(method="fla parallel_nsa slc (G pad 16)", C=0, ms=3.0)]
+    ratios(rows)
+    assert rows[2]["x_vs_naive"] == 2.0 and rows[2]["x_vs_dense"] == 8.0 and rows[2]["x_vs_fla_slc"] == 3.0
+    assert rows[0]["x_vs_naive"] == 0.5 and "x_vs_naive" not in rows[3]
+
+
+def _results(path, commit, rows, date):
+    path.write_text(json.dumps({"env": {"commit": commit, "date": date, "copy_tbps": 4.2, "device": "H200",
+                                        "tuned_configs": {date: "cfg"}}, "nsa": {}, "overlap": 0.75,
+                                "rows": rows}))
+    return str(path)
+
+
+def test_merge_keeps_every_row_and_each_runs_env(tmp_path):
+    a = [dict(shape="nsa-1b", context=8192, tree=64, method="naive (C=1)", C=1, ms=0.01)]
+    b = [dict(shape="llama3.1-8b", context=8192, tree=64, method="naive (C=1)", C=1, ms=0.02)]
+    m = merge_results([_results(tmp_path / "a.json", "c1", a, "d0"), _results(tmp_path / "b.json", "c1", b, "d1")])
+    assert m["rows"] == a + b and [r["date"] for r in m["env"]["runs"]] == ["d0", "d1"]
+    assert m["env"]["commit"] == "c1" and set(m["env"]["tuned_configs"]) == {"d0", "d1"}
+    with pytest.raises(ValueError, match="different commits"):
+        merge_results([str(tmp_path / "a.json"), _results(tmp_path / "c.json", "c2", b, "d2")])
+    with pytest.raises(ValueError, match="same rows twice"):
+        merge_results([str(tmp_path / "a.json"), _results(tmp_path / "d.json", "c1", a, "d3")])
+
+
+def test_merge_from_the_cli_needs_no_gpu(tmp_path, capsys):
+    from ssv.cli import main
+    a = [dict(shape="nsa-1b", context=8192, tree=64, method="naive (C=1)", C=1, ms=0.01, tbps=1.0,
+              x_vs_naive=1.0)]
+    f = _results(tmp_path / "a.json", "c1", a, "d0")
+    assert main(["bench", "kernels", "--merge", f, "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "kernels.json").read_text())["rows"] == a
+    assert "nsa-1b" in capsys.readouterr().out
+
+
+def test_claims_let_one_process_run_a_case(tmp_path):
+    d = str(tmp_path / "claims")
+    assert claim(None, "x") and claim(d, "nsa-1b-8192-64")
+    assert not claim(d, "nsa-1b-8192-64") and claim(d, "nsa-1b-8192-4")
+    rows = [dict(shape="nsa-1b", context=8192, tree=64, method="naive (C=1)", C=1, ms=0.01)]
+    f = _results(tmp_path / "a.json", "c1", rows, "d0")
+    assert cases_in([f, str(tmp_path / "missing.json")]) == {("nsa-1b", 8192, 64)}

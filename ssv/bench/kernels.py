@@ -161,8 +161,16 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     ub = unique_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt)
     rows = []
 
-    def add(method, C, fn, nbytes=ub):
-        ms, how = bench_graph(fn)
+    def add(method, C, fn, nbytes=ub, optional=False):
+        try:
+            ms, how = bench_graph(fn)
+        except Exception as e:  # an opt-in path that fails here is reported, not fatal to the matrix
+            if not optional:
+                raise
+            print(f"{shape} T={T} N={N} {method} C={C} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=None, timing="failed",
+                             error=f"{type(e).__name__}: {e}"[:500], unique_bytes=nbytes, tbps=None))
+            return
         rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=ms, timing=how,
                          unique_bytes=nbytes, tbps=nbytes / ms / 1e9))
 
@@ -174,14 +182,14 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     for C in (4, 16):
         add("ssv approx", C, verify(C, True))
     # the lazy softmax (no per-iteration row max / row sum), opt-in until timed: for both sides
-    add("naive (C=1), lazy softmax", 1, verify(1, False, lazy=True))
-    add("ssv exact, lazy softmax", 4, verify(4, False, lazy=True))
-    add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True))
+    add("naive (C=1), lazy softmax", 1, verify(1, False, lazy=True), optional=True)
+    add("ssv exact, lazy softmax", 4, verify(4, False, lazy=True), optional=True)
+    add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True), optional=True)
     # block-major selected branch (each block once per head, only its selecting rows), opt-in until
     # timed; C is the window pass's group
     for C in (4, 16):
-        add("ssv exact, block-major", C, verify(C, False, block_major=True))
-    add("ssv exact, block-major + lazy", 4, verify(4, False, block_major=True, lazy=True))
+        add("ssv exact, block-major", C, verify(C, False, block_major=True), optional=True)
+    add("ssv exact, block-major + lazy", 4, verify(4, False, block_major=True, lazy=True), optional=True)
     for C, S in split_sweep:
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:
@@ -223,18 +231,66 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
             add(f"fla parallel_nsa cmp+slc (G pad {gpad})", 0, fla_full)
             add(f"fla parallel_nsa slc (G pad {gpad})", 0, fla_slc)
 
-    base = {r["method"]: r["ms"] for r in rows}
-    naive = min(ms for m, ms in base.items() if m.startswith("naive (C=1)"))  # the strongest naive row
+    ratios(rows)
+    ov = overlap_of(idx.cpu())
     for r in rows:
-        r["x_vs_naive"] = naive / r["ms"]
-        r["x_vs_dense"] = base["dense sdpa"] / r["ms"]
-        f = [m for m in base if m.startswith("fla parallel_nsa slc")]
-        if f:
-            r["x_vs_fla_slc"] = base[f[0]] / r["ms"]
-        r["overlap"] = overlap_of(idx.cpu()) if not r["method"].startswith(("dense", "fla")) else None
+        r["overlap"] = ov if not r["method"].startswith(("dense", "fla")) else None
     del k, v, kc, vc
     torch.cuda.empty_cache()
     return rows
+
+
+def ratios(rows):
+    """x_vs_naive (against the strongest naive row), x_vs_dense and x_vs_fla_slc of one case's rows;
+    failed rows (ms None) get none."""
+    base = {(r["method"], r["C"]): r["ms"] for r in rows if r["ms"] is not None}
+    naive = min(ms for (m, _), ms in base.items() if m.startswith("naive (C=1)"))
+    dense = [ms for (m, _), ms in base.items() if m == "dense sdpa"]
+    fla = [ms for (m, _), ms in base.items() if m.startswith("fla parallel_nsa slc")]
+    for r in rows:
+        if r["ms"] is None:
+            continue
+        r["x_vs_naive"] = naive / r["ms"]
+        if dense:
+            r["x_vs_dense"] = dense[0] / r["ms"]
+        if fla:
+            r["x_vs_fla_slc"] = fla[0] / r["ms"]
+
+
+def cases(contexts, trees, matrix="cross", axis_context=65536, axis_tree=64):
+    """(context, tree) pairs to run: every pair ("cross"), or the two axes through (axis_context,
+    axis_tree) ("axes": each context at axis_tree, each tree at axis_context), that point first."""
+    if matrix == "cross":
+        return [(T, N) for T in contexts for N in trees]
+    if matrix != "axes":
+        raise ValueError(f"unknown matrix {matrix!r}: cross or axes")
+    out = [(axis_context, axis_tree)] + [(T, axis_tree) for T in contexts] + [(axis_context, N) for N in trees]
+    return list(dict.fromkeys(out))
+
+
+def merge_results(paths):
+    """One results dict from several `ssv bench kernels` files of the same commit (e.g. one per GPU,
+    each a side-by-side run of its own cases): rows concatenated, each file's env kept under runs."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs.append(json.load(f))
+    commits = {d["env"].get("commit") for d in docs}
+    if len(commits) != 1:
+        raise ValueError(f"cannot merge results of different commits: {sorted(map(str, commits))}")
+    keys = [(r["shape"], r["context"], r["tree"], r["method"], r["C"]) for d in docs for r in d["rows"]]
+    dup = {k for k in keys if keys.count(k) > 1}
+    if dup:
+        raise ValueError(f"the files time the same rows twice, e.g. {sorted(dup)[0]}")
+    env = dict(docs[0]["env"])
+    runs = []
+    for d in docs:
+        e = dict(d["env"])
+        runs += e.pop("earlier_runs", []) + [{k: e[k] for k in ("date", "copy_tbps", "device") if k in e}]
+    env["runs"] = runs
+    env["tuned_configs"] = {k: v for d in docs for k, v in d["env"].get("tuned_configs", {}).items()}
+    return {"env": env, "nsa": docs[0].get("nsa"), "overlap": docs[0].get("overlap"),
+            "rows": [r for d in docs for r in d["rows"]]}
 
 
 def trace_rounds(path: str, max_rounds: int = 3, layers=None):
@@ -253,6 +309,15 @@ def trace_rounds(path: str, max_rounds: int = 3, layers=None):
     return overlap, picks
 
 
+TRACE_ROWS = (  # method, C, approx, opt-in nsa_verify flags
+    ("naive (C=1)", 1, False, {}), ("ssv exact", 4, False, {}), ("ssv exact", 16, False, {}),
+    ("ssv approx", 4, True, {}), ("ssv approx", 16, True, {}),
+    ("naive (C=1), lazy softmax", 1, False, dict(lazy=True)), ("ssv exact, lazy softmax", 4, False, dict(lazy=True)),
+    ("ssv exact, block-major", 4, False, dict(block_major=True)),
+    ("ssv exact, block-major + lazy", 4, False, dict(block_major=True, lazy=True)),
+)
+
+
 def run_traces(path):
     """Kernel rows on real selections (default model shape): naive vs SSV exact/approx per recorded step."""
     from ssv.ops.nsa.verify import nsa_verify
@@ -269,21 +334,27 @@ def run_traces(path):
         q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
         it = [0]
 
-        def verify(C, approx):
+        def verify(C, approx, **kw):
             def f():
                 it[0] = (it[0] + 1) % 8
                 nsa_verify(q, k[it[0]], v[it[0]], T, pos, mask, idx, cfg.slc_block, cfg.window, group_size=C,
-                           approx=approx)
+                           approx=approx, **kw)
             return f
         ub = unique_bytes(idx.cpu(), pos.cpu(), T, n, cfg, d, 2)
-        base = None
-        for method, C, approx in (("naive (C=1)", 1, False), ("ssv exact", 4, False), ("ssv exact", 16, False),
-                                  ("ssv approx", 4, True), ("ssv approx", 16, True)):
-            ms, how = bench_graph(verify(C, approx))
-            base = base or ms
-            rows.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
-                             method=method, C=C, ms=ms, timing=how, unique_bytes=ub, tbps=ub / ms / 1e9,
-                             x_vs_naive=base / ms, overlap=overlap_of(r["block_indices"])))
+        ov = overlap_of(r["block_indices"])
+        case = []
+        for method, C, approx, kw in TRACE_ROWS:
+            try:
+                ms, how = bench_graph(verify(C, approx, **kw))
+            except Exception as e:  # an opt-in path that fails is reported with the others
+                if not kw:
+                    raise
+                ms, how = None, f"failed: {type(e).__name__}: {e}"[:300]
+            case.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
+                             method=method, C=C, ms=ms, timing=how, unique_bytes=ub,
+                             tbps=None if ms is None else ub / ms / 1e9, overlap=ov))
+        ratios(case)
+        rows += case
     return overlap, rows
 
 
@@ -316,6 +387,16 @@ def add_args(p):
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--contexts", nargs="+", type=int, default=[8192, 16384, 32768, 65536, 131072])
     p.add_argument("--trees", nargs="+", type=int, default=[4, 16, 64, 128])
+    p.add_argument("--matrix", choices=["cross", "axes"], default="cross",
+                   help="cross: every (context, tree) pair; axes: each context at 64 tree queries and each "
+                        "tree size at 64K context")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="only merge these kernels.json files of one commit into OUT/kernels.json (no GPU)")
+    p.add_argument("--claims", metavar="DIR",
+                   help="share the matrix with other processes (e.g. one per GPU): a case runs in the process "
+                        "that first creates DIR/<case>")
+    p.add_argument("--skip-cases-in", nargs="+", default=[], metavar="JSON",
+                   help="cases already timed in these kernels.json files (other processes' output) are skipped")
     p.add_argument("--overlap", type=float, default=0.75, help="synthetic adjacent-query overlap")
     p.add_argument("--traces", help="routing recorded by `ssv generate --record-routing` (real selections)")
     p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
@@ -330,6 +411,14 @@ def add_args(p):
 
 
 def cmd_bench_kernels(args) -> int:
+    if args.merge:
+        merged = merge_results(args.merge)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "kernels.json"), "w") as f:
+            json.dump(merged, f, indent=1)
+        print_table(merged["rows"], merged["env"])
+        plot(merged["rows"], os.path.join(args.out, "kernels.png"))
+        return 0
     if not torch.cuda.is_available():
         raise ValueError("ssv bench kernels needs a CUDA GPU")
     try:
@@ -346,22 +435,21 @@ def cmd_bench_kernels(args) -> int:
         rows, earlier = resumed_rows(os.path.join(args.out, "kernels.json"), env["commit"])
         if earlier:
             env["earlier_runs"] = earlier
-    done = {(r["shape"], r["context"], r["tree"]) for r in rows}
+    done = {(r["shape"], r["context"], r["tree"]) for r in rows} | cases_in(args.skip_cases_in)
     for shape in ([] if args.traces_only else args.shapes):
-        for T in args.contexts:
-            for N in args.trees:
-                if (shape, T, N) in done:
-                    continue
-                # one generator per case, so a resumed run draws the same inputs as a whole one
-                gen = torch.Generator().manual_seed(zlib.crc32(f"{args.seed}:{shape}:{T}:{N}".encode()))
-                sweep = [(C, S) for C in (1, 4, 16) for S in (2, 4, 8, 16)] if args.split_sweep else []
-                for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep):
-                    r["frac_of_copy_bw"] = r["tbps"] / env["copy_tbps"]
-                    rows.append(r)
-                print(f"{shape} T={T} N={N} done", file=sys.stderr, flush=True)
-                # written after every case so a run stopped at a time limit keeps what it measured
-                with open(os.path.join(args.out, "kernels.json"), "w") as f:
-                    json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
+        for T, N in cases(args.contexts, args.trees, args.matrix):
+            if (shape, T, N) in done or not claim(args.claims, f"{shape}-{T}-{N}"):
+                continue
+            # one generator per case, so a resumed run draws the same inputs as a whole one
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{args.seed}:{shape}:{T}:{N}".encode()))
+            sweep = [(C, S) for C in (1, 4, 16) for S in (2, 4, 8, 16)] if args.split_sweep else []
+            for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep):
+                r["frac_of_copy_bw"] = None if r["tbps"] is None else r["tbps"] / env["copy_tbps"]
+                rows.append(r)
+            print(f"{shape} T={T} N={N} done", file=sys.stderr, flush=True)
+            # written after every case so a run stopped at a time limit keeps what it measured
+            with open(os.path.join(args.out, "kernels.json"), "w") as f:
+                json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
     if rows:
         from ssv.ops.nsa.verify import nsa_verify_fwd_tuned
         env["tuned_configs"] = {str(k): str(v) for k, v in nsa_verify_fwd_tuned.cache.items()}
@@ -376,9 +464,31 @@ def cmd_bench_kernels(args) -> int:
         print("# real routing: adjacent-query overlap by layer (Jaccard):",
               " ".join(f"{k}:{v:.2f}" for k, v in overlap.items()))
         for r in trows:
-            print(f"layer {r['layer']:2d} ctx {r['context']:6d} N {r['tree']:3d} {r['method']:12s} C={r['C']:2d} "
-                  f"{r['ms']:.4f} ms  x naive {r['x_vs_naive']:.2f}  overlap {r['overlap']:.2f}")
+            t = "failed" if r["ms"] is None else f"{r['ms']:.4f} ms  x naive {r['x_vs_naive']:.2f}"
+            print(f"layer {r['layer']:2d} ctx {r['context']:6d} N {r['tree']:3d} {r['method']:30s} C={r['C']:2d} "
+                  f"{t}  overlap {r['overlap']:.2f}")
     return 0
+
+
+def cases_in(paths) -> set:
+    """(shape, context, tree) of the rows in these results files (those that exist)."""
+    out = set()
+    for p in paths:
+        if os.path.exists(p):
+            with open(p) as f:
+                out |= {(r["shape"], r["context"], r["tree"]) for r in json.load(f)["rows"]}
+    return out
+
+
+def claim(claims, key: str) -> bool:
+    """True if this process may run `key`: no claims folder, or it created DIR/key first."""
+    if not claims:
+        return True
+    try:
+        os.makedirs(os.path.join(claims, key))
+        return True
+    except FileExistsError:
+        return False
 
 
 def resumed_rows(path: str, commit: str):
@@ -397,14 +507,19 @@ def resumed_rows(path: str, commit: str):
 
 
 def print_table(rows, env) -> None:
-    print(f"# {env['device']}  torch {env['torch']}  triton {env['triton']}  {env['date']}  "
-          f"commit {env['commit']}  copy {env['copy_tbps']:.2f} TB/s")
+    print(f"# {env.get('device')}  torch {env.get('torch')}  triton {env.get('triton')}  {env.get('date')}  "
+          f"commit {env.get('commit')}  copy {env.get('copy_tbps', float('nan')):.2f} TB/s")
     print(f"{'shape':14s} {'ctx':>6s} {'N':>4s} {'method':38s} {'C':>3s} {'ms':>8s} {'TB/s':>6s} "
           f"{'x naive':>8s} {'x fla':>7s} {'x dense':>8s}")
+    nan = float("nan")
     for r in rows:
+        if r["ms"] is None:
+            print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d}   failed: "
+                  f"{r.get('error', '')[:60]}")
+            continue
         print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d} {r['ms']:8.4f} "
-              f"{r['tbps']:6.2f} {r['x_vs_naive']:8.2f} {r.get('x_vs_fla_slc', float('nan')):7.2f} "
-              f"{r['x_vs_dense']:8.2f}")
+              f"{r['tbps']:6.2f} {r['x_vs_naive']:8.2f} {r.get('x_vs_fla_slc', nan):7.2f} "
+              f"{r.get('x_vs_dense', nan):8.2f}")
 
 
 def plot(rows, path) -> None:
@@ -420,7 +535,7 @@ def plot(rows, path) -> None:
         n = max(r["tree"] for r in rows if r["shape"] == shape)
         for method, C in sorted({(r["method"], r["C"]) for r in rows if r["shape"] == shape}):
             pts = sorted((r["context"], r["ms"]) for r in rows
-                         if r["shape"] == shape and r["tree"] == n and r["method"] == method and r["C"] == C)
+                         if r["ms"] is not None and r["shape"] == shape and r["tree"] == n and r["method"] == method and r["C"] == C)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                         label=f"{method}" + (f" C={C}" if C else ""))

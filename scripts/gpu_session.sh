@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One device call of a kernel session on a 2-GPU machine (device kind nvidia-h200-x2). Send the same
+# call again, chained (the machine warm, state in /tmp/ssv-session), until the log says the matrix is
+# complete; each call stops itself after BUDGET seconds (default 540) and copies what it has to $OUT.
+#   GPU 0: the kernel tests (once), the launch-variant probe (once), the real-routing traces (once all
+#          three GGUF parts have arrived), then cases of the matrix
+#   GPU 1: cases of the matrix from the start
+# The two processes share the matrix (`ssv bench kernels --claims`), each writing its own kernels.json;
+# `ssv bench kernels --merge` joins them here afterwards.
+# Carry .whl and one GGUF part per call (.stage/draft/gguf.part0, then part1, then part2 with
+# gguf.sha256; parts made by `scripts/train_draft_gpu.sh stage`). Set SSV_COMMIT (no git there).
+# MATRIX (default axes), SHAPES (default all) pass through to the benchmark.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+S=/tmp/ssv-session
+mkdir -p "$S" /tmp/stage
+END=$((SECONDS + ${BUDGET:-540}))
+left() { local l=$((END - SECONDS)); echo $((l > 1 ? l : 1)); }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+export SSV_COMMIT=${SSV_COMMIT:-unknown}
+for f in .stage/draft/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,temperature.gpu --format=csv
+rm -rf "$S/claims"  # a case cut off by the last call's time limit is claimable again
+
+bench() {  # $1: this process's folder, $2: the other's
+    timeout "$(left)" python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench kernels \
+        --resume --matrix "${MATRIX:-axes}" --shapes ${SHAPES:-llama3.1-8b nsa-1b smollm2-135m} \
+        --claims "$S/claims" --skip-cases-in "$2/kernels.json" --out "$1"
+    echo "bench exit $?"
+}
+
+gpu0() {
+    export CUDA_VISIBLE_DEVICES=0
+    if [ ! -f "$S/tests.done" ]; then
+        timeout "$(left)" python3 -m pytest tests/ops -n 8 -q -p no:cacheprovider -rs > "$S/kernel-tests.log" 2>&1
+        echo "pytest exit $?" >> "$S/kernel-tests.log"
+        tail -4 "$S/kernel-tests.log"
+        touch "$S/tests.done"
+    fi
+    if [ ! -f "$S/probe.done" ]; then
+        timeout "$(left)" python3 scripts/gpu_probe.py time > "$S/probe.txt" 2>&1 && touch "$S/probe.done"
+        cat "$S/probe.txt"
+    fi
+    if [ ! -f "$S/traces.done" ] && [ -f /tmp/stage/gguf.part0 ] && [ -f /tmp/stage/gguf.part1 ] \
+        && [ -f /tmp/stage/gguf.part2 ]; then
+        mkdir -p "$S/traces"
+        OUT="$S/traces" timeout "$(left)" bash scripts/gpu_traces.sh > "$S/traces.log" 2>&1 && touch "$S/traces.done"
+        tail -40 "$S/traces.log"
+    fi
+    bench "$S/bench0" "$S/bench1"
+}
+
+gpu1() {
+    export CUDA_VISIBLE_DEVICES=1
+    bench "$S/bench1" "$S/bench0"
+}
+
+gpu0 > "$S/gpu0.log" 2>&1 &
+gpu1 > "$S/gpu1.log" 2>&1 &
+wait
+for g in 0 1; do echo "== GPU $g"; grep -v "^\s*$" "$S/gpu$g.log" | tail -30; done
+mkdir -p "${OUT:-/tmp/out}"
+(cd "$S" && find . -type f ! -name "*.pt" ! -path "./claims/*" -size -15M -exec cp --parents {} "${OUT:-/tmp/out}/" \;)
