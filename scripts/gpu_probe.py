@@ -69,6 +69,7 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
 def launcher(c, C, approx, n_split, warps, stages, extra):
     import ssv.ops.nsa.verify as V
     out = torch.empty_like(c["q"])
+    extra = {"lazy": False, **extra}  # variant names say "lazy" where it is on, whatever the default
 
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
@@ -82,7 +83,7 @@ def check(c, fn, C, approx):
     import ssv.ops.nsa.verify as V
     ref = V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
                        c["cfg"].window, group_size=C if approx else 1, approx=approx, tune=False,
-                       tma=False)[0].float()
+                       tma=False, lazy=False)[0].float()
     fn()
     got = fn.out.float()
     return ((got - ref).norm() / ref.norm()).item()
@@ -91,6 +92,9 @@ def check(c, fn, C, approx):
 def main(mode: str) -> int:
     c = case() if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    if mode != "cpu":
+        from ssv.bench.kernels import environment
+        print("#", " ".join(f"{k} {v}" for k, v in environment().items()), flush=True)
     for name, *cfg in VARIANTS:
         if only and name not in only:
             continue

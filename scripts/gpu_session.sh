@@ -4,7 +4,7 @@
 # complete; each call stops itself after BUDGET seconds (default 540) and copies what it has to $OUT.
 #   GPU 0: the kernel tests (once), the launch-variant probe (once), the real-routing traces (once all
 #          three GGUF parts have arrived), then cases of the matrix
-#   GPU 1: cases of the matrix from the start
+#   GPU 1: cases of the matrix, once the tests are done (nothing is timed while 8 workers compile)
 # The two processes share the matrix (`ssv bench kernels --claims`), each writing its own kernels.json;
 # `ssv bench kernels --merge` joins them here afterwards.
 # Carry .whl and one GGUF part per call (.stage/draft/gguf.part0, then part1, then part2 with
@@ -54,6 +54,7 @@ gpu0() {
 
 gpu1() {
     export CUDA_VISIBLE_DEVICES=1
+    while [ ! -f "$S/tests.done" ] && [ "$(left)" -gt 1 ]; do sleep 2; done
     bench "$S/bench1" "$S/bench0"
 }
 

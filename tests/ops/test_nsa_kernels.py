@@ -73,7 +73,7 @@ VERIFY_CASES = [
 
 
 PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True),
-         "block-major": dict(tma=True, block_major=True)}
+         "online softmax": dict(tma=True, lazy=False), "block-major": dict(tma=True, block_major=True)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -180,7 +180,7 @@ def test_verify_edge_cases(name, gating, n_split):
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
     gated = gating == "gated"
     tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
-    lazy = seed % 3 == 0                       # and the lazy softmax in a third of the cases
+    lazy = seed % 3 != 0                       # and the online softmax in a third of the cases
     block_major = not approx and (seed % 2 == 1 or seed in (10, 18))
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
@@ -311,3 +311,13 @@ def test_verify_rejects_unsupported_shapes(bad, msg):
     idx = torch.zeros(p["N"], 1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match=msg):
         nsa_verify(q, k, k, 100, pos, mask, idx, 16, 20, group_size=p["C"])
+
+
+def test_verify_default_launch_is_the_fixed_table():
+    from ssv.ops.nsa.verify import launch_config
+    assert launch_config(16, 128, False) == dict(num_warps=4, num_stages=3)   # C = 4 at G = 4
+    assert launch_config(32, 128, False)["num_warps"] == 4                    # 8 warps measured slower
+    assert launch_config(64, 128, False)["num_warps"] == 8                    # exact 64-row tiles
+    assert launch_config(64, 128, True)["num_warps"] == 4                     # approximate ones
+    assert launch_config(128, 64, False)["num_warps"] == 8
+    assert launch_config(128, 128, False) == dict(num_warps=8, num_stages=2)  # unmeasured: the old fallback

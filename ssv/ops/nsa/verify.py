@@ -295,12 +295,20 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
     tl.store(lse_a + p_l, b_lse1, mask=m_r)
 
 
-# On the GPU the launch configuration is tuned once per compiled variant and context bucket (PB, the
-# bit length of P: a decode step tunes again only when its context doubles). PB is only a key: an
-# invocation tuned at 8K once picked 1 stage for C = 4 and ran 32K / 128K in 0.042 ms, where one
-# tuned at 64K picked 3 stages and ran 0.0315 ms (H200, bench/results/kernels.json; the v3 rows were
-# 0.045 ms at all three contexts), so the 1-stage config is also gone. The kernel only writes its
-# outputs and its own scratch, so re-running it while tuning is harmless.
+# Launch configuration: a fixed table by default (`launch_config`), autotuning only on request
+# (tune=True: once per compiled variant and context bucket PB, the bit length of P). The table is what
+# fixed-config probes measured best side by side (H200, Llama 64K / 64, bench/results/probe-h200-dcbd9d3.txt):
+# 4 warps and 3 stages for 16- and 32-row tiles (2 stages 1.19x slower, 8 warps 1.14x), 8 warps for
+# exact 64-row tiles (4 warps 1.43x slower), 4 for approximate ones (8 warps 1.23x slower). Tuning inside
+# a run is not reproducible: in the 60-case matrix of dcbd9d3 (kernels.json), tuned while another process
+# compiled on the same host, exact C = 4 at Llama 64K / 64 ran 56 us against 34 us at the table's config.
+# The kernel only writes its outputs and its own scratch, so re-running it while tuning is harmless.
+def launch_config(bm: int, d: int, approx: bool) -> dict:
+    """The default (untuned) launch of the verify kernel for BM-row tiles of head dim d. Tiles larger
+    than any measured (128 rows at d = 128: GQA groups of 8+) keep 2 stages for shared memory."""
+    return dict(num_warps=8 if not approx and bm * d >= 8192 else 4, num_stages=3 if bm * d <= 8192 else 2)
+
+
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
                                                           "SPLIT", "TMA", "LAZY", "BMERGE", "PB"])(nsa_verify_fwd_kernel)
@@ -344,7 +352,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
                tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None,
-               lazy: bool = False, block_major: bool = False):
+               lazy: Optional[bool] = None, block_major: bool = False):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -354,16 +362,23 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     selected / window branches'.
     tma: K/V tiles through tensor descriptors (default: on Hopper or newer with 16-byte aligned
     caches), else pointer loads. Positions must lie in [prefix_len, prefix_len + N), as a plan's do.
+    tune: autotune the launch (once per compiled variant and context bucket); default: the fixed
+    table of `launch_config`. launch: an explicit (num_warps, num_stages), for probes.
     lazy: softmax against each row's score on its own token (no per-iteration row max or row sum),
-    with an in-kernel fallback to the online softmax when that over/underflows; off by default until
-    it is timed on the GPU.
-    block_major (exact mode only; off until timed): the selected blocks below the step's window region
-    go through `verify_bm` (each loaded once per KV head, only its selecting rows computed) and this
-    kernel covers the window region and the tree, absorbing those partials.
+    with an in-kernel fallback to the online softmax when that over/underflows. Default: on in exact
+    mode, off in approximate mode, as measured side by side on the H200 at fixed launch configs
+    (Llama 64K / 64: exact C = 4 1.14x, per-query 1.23x, approximate C = 16 0.83x; real routing of the
+    default model: exact C = 4 1.13-1.19x); bench/NOTES.md has the autotuned matrix, where the gain
+    drowned in tuning noise.
+    block_major (exact mode only; off by default: 0.39x of exact C = 4 on the same matrix): the
+    selected blocks below the step's window region go through `verify_bm` (each loaded once per KV
+    head, only its selecting rows computed) and this kernel covers the window region and the tree,
+    absorbing those partials.
     """
     q = q.contiguous()
     n, hq, d = q.shape
     hkv = k.shape[0]
+    lazy = not approx if lazy is None else bool(lazy)
     check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices)
     g = hq // hkv
     gated = gates is not None
@@ -399,9 +414,9 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ws_m = torch.empty(n_ws, device=q.device, dtype=torch.float32)
     ws_l = torch.empty_like(ws_m)
     ws_a = torch.empty(n_ws * d if split else 1, device=q.device, dtype=torch.float32)
-    tune = q.is_cuda and tune is not False  # the interpreter has nothing to time
+    tune = q.is_cuda and bool(tune)  # the interpreter has nothing to time
     if launch is None:  # an explicit launch config (num_warps, num_stages) is for probes; it skips tuning
-        launch = dict() if tune else dict(num_warps=4 if bm * d <= 8192 else 8, num_stages=2)
+        launch = dict() if tune else launch_config(bm, d, approx)
     else:
         tune = False
     nsp, ce = pow2(nsel, 1), cq * pow2(nsel, 1)
