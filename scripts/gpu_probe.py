@@ -60,6 +60,8 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
     ("exact4 block-major", 4, False, None, 4, 3, dict(block_major=True)),
     ("exact16 block-major", 16, False, None, 8, 3, dict(block_major=True)),
     ("exact4 block-major lazy", 4, False, None, 4, 3, dict(block_major=True, lazy=True)),
+    ("exact4 block-major plan reused", 4, False, None, 4, 3, dict(block_major=True, bm_plan="reuse")),
+    ("block-major plan only", 4, False, None, 4, 3, dict(block_major=True, bm_plan="only")),
     ("approx4", 4, True, None, 4, 3, {}),
     ("approx16", 16, True, None, 4, 3, {}),
     ("approx16 w8", 16, True, None, 8, 3, {}),
@@ -70,6 +72,15 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
     import ssv.ops.nsa.verify as V
     out = torch.empty_like(c["q"])
     extra = {"lazy": False, **extra}  # variant names say "lazy" where it is on, whatever the default
+    if extra.get("bm_plan") in ("reuse", "only"):  # a refresh layer's plan, built once here
+        from ssv.ops.nsa.verify_bm import block_major_plan
+        g = c["q"].shape[1] // c["k"].shape[0]
+        plan = block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
+        if extra["bm_plan"] == "only":  # the plan alone: nothing to check (`out` unwritten)
+            def f():
+                block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
+            return f, None
+        extra = {**extra, "bm_plan": plan}
 
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
@@ -99,7 +110,17 @@ def main(mode: str) -> int:
         if only and name not in only:
             continue
         f, out = launcher(c, *cfg)
-        if mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
+        if out is None:  # no output to check
+            if mode == "cpu":
+                f()
+                print(f"{name:20s} ran", flush=True)
+            elif mode == "once":
+                f(); f()
+                torch.cuda.synchronize()
+            else:
+                ms, how = bench_graph(f, reps=50)
+                print(f"{name:20s} {ms * 1e3:8.1f} us ({how})", flush=True)
+        elif mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
             f.out = out
             print(f"{name:20s} rel.err {check(c, f, cfg[0], cfg[1]):.1e}", flush=True)
         elif mode == "once":

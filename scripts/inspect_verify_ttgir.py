@@ -8,6 +8,8 @@ usage: python scripts/inspect_verify_ttgir.py          (TTGIR summary, one line 
        python scripts/inspect_verify_ttgir.py --sass   (registers, stack, and the SASS of the main loop:
                                                         instructions per warp per iteration, barriers;
                                                         with the ptxas/nvdisasm/cuobjdump Triton ships)
+       python scripts/inspect_verify_ttgir.py --plan-scaling   (the block-major plan kernel's code size
+                                                        against its bin count)
 """
 import os
 import re
@@ -42,21 +44,22 @@ def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def compile_block_major(G=4, D=128):
-    """The block-major plan and item kernels at the Llama 64K / 64-query shape, for sm_90."""
+def compile_block_major(G=4, D=128, NB=2048, NP=64, plan_warps=4):
+    """The block-major plan and item kernels at the Llama 64K / 64-query shape (NB bins = P/64 rounded
+    up to a power of two), for sm_90."""
     from ssv.ops.nsa.verify_bm import nsa_bm_plan_fwd_kernel, nsa_bm_sel_fwd_kernel
 
-    def comp(fn, types, const):
+    def comp(fn, types, const, warps=4):
         order = list(fn.arg_names)
         sig = {n: types.get(n, "constexpr") for n in order}
         div = [order.index(n) for n, t in types.items() if t.startswith("*")]
         src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                         attrs={(i,): [["tt.divisibility", 16]] for i in div})
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
     i32 = {n: "*i32" for n in ("csr", "it_blk", "it_chk", "b_eo", "b_cnt", "n_items")}
     plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", ctr="*i32", N="i32", W="i32",
                                              s_bn="i32", s_bh="i32"),
-                dict(NP=64, NSEL=16, NSELP=16, NB=2048, BS=64, QC=16 // G, CMAX=64 // (16 // G)))
+                dict(NP=NP, NSEL=16, NSELP=16, NB=NB, BS=64, QC=16 // G, CMAX=max(1, NP // (16 // G))), plan_warps)
     desc = f"tensordesc<bf16[1,64,{D}]>"
     sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", k_desc=desc, v_desc=desc,
                                            plse="*fp32", po="*bf16",
@@ -108,7 +111,19 @@ def sass_summary(cc) -> str:
     return f"registers {reg}, stack {stack} B, main loop {b - a + 1} instructions ({top}; BAR {ops['BAR']})"
 
 
+def plan_scaling() -> None:
+    """The plan kernel's straight-line code against its bin count: tl.histogram unrolls per bin."""
+    for nb, np_ in ((256, 4), (4096, 4), (256, 64), (2048, 64), (4096, 64)):
+        ptx = compile_block_major(NB=nb, NP=np_, plan_warps=8)[0].asm["ptx"]
+        count = {k: len(re.findall(rf"\b{k}\.", ptx)) for k in ("atom", "red", "popc", "vote", "bar")}
+        print(f"plan kernel NB={nb:4d} (context ~{nb * 32 // 1024}K) N={np_:2d}: {ptx.count(chr(10))} PTX lines, "
+              + ", ".join(f"{k} {v}" for k, v in count.items()))
+
+
 def main() -> int:
+    if "--plan-scaling" in sys.argv:
+        plan_scaling()
+        return 0
     if "--sass" in sys.argv:
         for C, rows, warps, stages in ((1, 16, 4, 3), (4, 16, 4, 3), (8, 32, 4, 3), (16, 64, 8, 3)):
             for tma, lazy, bm in ((True, False, False), (False, False, False), (True, True, False),

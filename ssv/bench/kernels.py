@@ -191,6 +191,18 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
         add("ssv exact, block-major", C, verify(C, False, block_major=True), optional=True)
     add("ssv exact, block-major, online softmax", 4, verify(4, False, block_major=True, lazy=False),
         optional=True)
+    # the plan alone, and a layer that reuses a refresh layer's plan (what block-major costs there)
+    from ssv.ops.nsa.verify_bm import block_major_plan
+
+    def bm_plan():
+        return block_major_plan(idx, pos, T, cfg.window, cfg.slc_block, hq // hkv)
+    add("block-major plan (per refresh layer)", 0, bm_plan, nbytes=idx.numel() * 4, optional=True)
+    plan = [None]
+
+    def bm_reused():
+        plan[0] = plan[0] or bm_plan()  # built on the first (warm-up) call, outside the timed replays
+        verify(4, False, block_major=True, bm_plan=plan[0])()
+    add("ssv exact, block-major, plan reused", 4, bm_reused, optional=True)
     for C, S in split_sweep:
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:

@@ -229,6 +229,28 @@ def test_verify_repeated_block_in_one_list_counts_once(C, block_major):
     assert rel_err(o, ref.o) < tol(DTYPES[0])
 
 
+def test_verify_block_major_plan_is_reused_across_layers():
+    """One step's block-major plan (built at a refresh layer) serves every layer that reuses the
+    selections: each layer's output equals the reference on its own q/k/v; a plan of another shape or
+    step is refused before anything runs."""
+    from ssv.ops.nsa.verify_bm import block_major_plan
+    cfg = NSAConfig(**{**CFG, "window": 16})
+    P, N, hkv, G = 260, 11, 2, 3
+    q, k, v, pos, mask, _ = make_case(30, P, N, hkv, G, 16, DTYPES[0], cfg)
+    idx = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg).block_indices
+    plan = block_major_plan(idx.to(DEV).int(), pos.to(DEV), P, cfg.window, cfg.slc_block, G)
+    for layer in range(2):  # a second layer: other activations, the same selections
+        q2, k2, v2, *_ = make_case(31 + layer, P, N, hkv, G, 16, DTYPES[0], cfg)
+        ref = nsa_naive(q2.float(), k2.float(), v2.float(), P, pos, mask, cfg, block_indices=idx)
+        o, _, _ = nsa_verify(q2.to(DEV), k2.to(DEV), v2.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                             cfg.slc_block, cfg.window, group_size=4, block_major=True, bm_plan=plan,
+                             out=torch.full_like(q2, float("nan")).to(DEV), tune=False)
+        assert rel_err(o, ref.o) < tol(DTYPES[0])
+    with pytest.raises(ValueError, match="block-major plan made for"):
+        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P - 1, (pos - 1).to(DEV), mask.to(DEV), idx.to(DEV),
+                   cfg.slc_block, cfg.window, group_size=4, block_major=True, bm_plan=plan)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [
     (0, 150, 7, 2, 3, 16, None, {}),

@@ -352,7 +352,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
                tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None,
-               lazy: Optional[bool] = None, block_major: bool = False):
+               lazy: Optional[bool] = None, block_major: bool = False, bm_plan=None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -373,7 +373,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     block_major (exact mode only; off by default: 0.39x of exact C = 4 on the same matrix): the
     selected blocks below the step's window region go through `verify_bm` (each loaded once per KV
     head, only its selecting rows computed) and this kernel covers the window region and the tree,
-    absorbing those partials.
+    absorbing those partials. bm_plan: a `verify_bm.BlockMajorPlan` of these selections (a refresh
+    layer's, for the layers that reuse them); None: built here.
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -444,9 +445,11 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     else:
         kd, vd = k, v
     if block_major:
-        from ssv.ops.nsa.verify_bm import block_major_partials
-        plse, po = block_major_partials(q, k, v, pos, bi, int(prefix_len), int(window), slc_block, scale,
-                                        descs=(kd, vd) if tma else None)
+        from ssv.ops.nsa.verify_bm import block_major_partials, block_major_plan
+        if bm_plan is None:
+            bm_plan = block_major_plan(bi, pos, int(prefix_len), int(window), slc_block, g)
+        bm_plan.check(n, hkv, g, nsel, int(prefix_len), int(window), slc_block)
+        plse, po = block_major_partials(q, k, v, bm_plan, scale, descs=(kd, vd) if tma else None)
     else:
         plse, po = lse_a, lse_a
     (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](

@@ -12,6 +12,8 @@ row's partials in slot order, so the result does not depend on scheduling. See R
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -98,31 +100,65 @@ def nsa_bm_sel_fwd_kernel(
         tl.store(po + p_s[:, None] * D + o_d[None, :], b_o.to(po.dtype.element_ty), mask=m_r[:, None])
 
 
-def block_major_partials(q, k, v, pos, bi, prefix_len: int, window: int, slc_block: int, scale: float,
-                         descs=None):
-    """Per (query, head, slot) partials of the selected blocks below the step's window region:
-    (lse2 [N, Hq, NSELP] base-2, o [N, Hq, NSELP, D] in q's dtype; unwritten slots are never read).
-    descs: the verify kernel's (k, v) tensor descriptors, for TMA loads; None: pointer loads."""
-    n, hq, d = q.shape
-    hkv, nsel = k.shape[0], bi.shape[-1]
-    g = hq // hkv
+@dataclass
+class BlockMajorPlan:
+    """One step's selections laid out block-major per KV head (block -> selecting (query, slot), cut
+    into items of `qc` queries). It depends only on the selections and positions, so a refresh layer
+    builds it (`block_major_plan`) and the layers that reuse its selections pass it to `nsa_verify`."""
+    csr: torch.Tensor
+    it_blk: torch.Tensor
+    it_chk: torch.Tensor
+    b_eo: torch.Tensor
+    b_cnt: torch.Tensor
+    n_items: torch.Tensor
+    n: int
+    hkv: int
+    g: int
+    nsel: int
+    nb: int
+    qc: int
+    e: int
+    prefix_len: int
+    window: int
+    slc_block: int
+
+    def check(self, n: int, hkv: int, g: int, nsel: int, prefix_len: int, window: int, slc_block: int):
+        want = (n, hkv, g, nsel, prefix_len, window, slc_block)
+        got = (self.n, self.hkv, self.g, self.nsel, self.prefix_len, self.window, self.slc_block)
+        if want != got:
+            raise ValueError(f"block-major plan made for (N, Hkv, G, n, P, window, block) = {got}, used for {want}")
+
+
+def block_major_plan(bi, pos, prefix_len: int, window: int, slc_block: int, g: int) -> BlockMajorPlan:
+    """The block-major layout of selections bi [N, Hkv, n] (ascending, -1 padded) at positions pos [N]
+    for GQA groups of g query heads: one launch, one program per KV head."""
+    n, hkv, nsel = bi.shape
     nselp, np_ = pow2(nsel, 1), pow2(n, 1)
     nb = pow2(-(-max(prefix_len, 1) // slc_block) + 1, 1)
     qc = max(1, 16 // g)  # queries per item: ~16 rows
     e = np_ * nselp
-    dev = q.device
-    i32 = dict(device=dev, dtype=torch.int32)
+    i32 = dict(device=bi.device, dtype=torch.int32)
     ctr, b_eo, b_cnt = (torch.empty(hkv * nb, **i32) for _ in range(3))
     csr, it_blk, it_chk = (torch.empty(hkv * e, **i32) for _ in range(3))
     n_items = torch.empty(hkv, **i32)
-    plse = torch.empty(n * hq * nselp, device=dev, dtype=torch.float32)
-    po = torch.empty(n * hq * nselp * d, device=dev, dtype=q.dtype)
     nsa_bm_plan_fwd_kernel[(hkv,)](
         bi, pos, ctr, csr, it_blk, it_chk, b_eo, b_cnt, n_items, n, int(window), bi.stride(0), bi.stride(1),
         NP=np_, NSEL=nsel, NSELP=nselp, NB=nb, BS=slc_block, QC=qc, CMAX=triton.cdiv(np_, qc), num_warps=8)
-    nsa_bm_sel_fwd_kernel[(hkv, n * nsel)](
-        q, k, v, *(descs or (k, v)), csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, int(prefix_len),
-        float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
-        G=g, QC=qc, RB=pow2(qc * g), D=d, BS=slc_block, NB=nb, E=e, NSELP=nselp, TMA=descs is not None,
-        num_warps=4)
+    return BlockMajorPlan(csr, it_blk, it_chk, b_eo, b_cnt, n_items, n, hkv, g, nsel, nb, qc, e,
+                          int(prefix_len), int(window), slc_block)
+
+
+def block_major_partials(q, k, v, plan: BlockMajorPlan, scale: float, descs=None):
+    """Per (query, head, slot) partials of the selected blocks below the step's window region:
+    (lse2 [N, Hq, NSELP] base-2, o [N, Hq, NSELP, D] in q's dtype; unwritten slots are never read).
+    descs: the verify kernel's (k, v) tensor descriptors, for TMA loads; None: pointer loads."""
+    n, hq, d = q.shape
+    nselp = pow2(plan.nsel, 1)
+    plse = torch.empty(n * hq * nselp, device=q.device, dtype=torch.float32)
+    po = torch.empty(n * hq * nselp * d, device=q.device, dtype=q.dtype)
+    nsa_bm_sel_fwd_kernel[(plan.hkv, n * plan.nsel)](
+        q, k, v, *(descs or (k, v)), plan.csr, plan.it_blk, plan.it_chk, plan.b_eo, plan.b_cnt, plan.n_items,
+        plse, po, plan.prefix_len, float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
+        G=plan.g, QC=plan.qc, RB=pow2(plan.qc * plan.g), D=d, BS=plan.slc_block, NB=plan.nb, E=plan.e,
+        NSELP=nselp, TMA=descs is not None, num_warps=4)
     return plse, po
