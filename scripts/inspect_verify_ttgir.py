@@ -9,7 +9,7 @@ usage: python scripts/inspect_verify_ttgir.py          (TTGIR summary, one line 
                                                         instructions per warp per iteration, barriers;
                                                         with the ptxas/nvdisasm/cuobjdump Triton ships)
        python scripts/inspect_verify_ttgir.py --plan-scaling   (the block-major plan kernel's code size
-                                                        against its bin count)
+                                                        by tree size)
 """
 import os
 import re
@@ -44,9 +44,8 @@ def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def compile_block_major(G=4, D=128, NB=2048, NP=64, plan_warps=4):
-    """The block-major plan and item kernels at the Llama 64K / 64-query shape (NB bins = P/64 rounded
-    up to a power of two), for sm_90."""
+def compile_block_major(G=4, D=128, NP=64, plan_warps=8):
+    """The block-major plan and item kernels at the Llama 64K / 64-query shape, for sm_90."""
     from ssv.ops.nsa.verify_bm import nsa_bm_plan_fwd_kernel, nsa_bm_sel_fwd_kernel
 
     def comp(fn, types, const, warps=4):
@@ -56,16 +55,15 @@ def compile_block_major(G=4, D=128, NB=2048, NP=64, plan_warps=4):
         src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                         attrs={(i,): [["tt.divisibility", 16]] for i in div})
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-    i32 = {n: "*i32" for n in ("csr", "it_blk", "it_chk", "b_eo", "b_cnt", "n_items")}
-    plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", ctr="*i32", N="i32", W="i32",
-                                             s_bn="i32", s_bh="i32"),
-                dict(NP=NP, NSEL=16, NSELP=16, NB=NB, BS=64, QC=16 // G, CMAX=max(1, NP // (16 // G))), plan_warps)
+    i32 = {n: "*i32" for n in ("keys", "it_start", "n_items")}
+    plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", N="i32", W="i32", s_bn="i32", s_bh="i32"),
+                dict(NP=NP, NSEL=16, NSELP=16, BS=64, QC=16 // G), plan_warps)
     desc = f"tensordesc<bf16[1,64,{D}]>"
     sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", k_desc=desc, v_desc=desc,
                                            plse="*fp32", po="*bf16",
                                            P="i32", scale="fp32", s_qn="i32", s_qh="i32", s_kh="i32",
                                            s_kt="i32", HQ="i32"),
-               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, NB=2048, E=1024, NSELP=16, TMA=True))
+               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, E=NP * 16, NSELP=16, TMA=True))
     return plan, sel
 
 
@@ -112,12 +110,15 @@ def sass_summary(cc) -> str:
 
 
 def plan_scaling() -> None:
-    """The plan kernel's straight-line code against its bin count: tl.histogram unrolls per bin."""
-    for nb, np_ in ((256, 4), (4096, 4), (256, 64), (2048, 64), (4096, 64)):
-        ptx = compile_block_major(NB=nb, NP=np_, plan_warps=8)[0].asm["ptx"]
-        count = {k: len(re.findall(rf"\b{k}\.", ptx)) for k in ("atom", "red", "popc", "vote", "bar")}
-        print(f"plan kernel NB={nb:4d} (context ~{nb * 32 // 1024}K) N={np_:2d}: {ptx.count(chr(10))} PTX lines, "
-              + ", ".join(f"{k} {v}" for k, v in count.items()))
+    """The plan kernel's code by tree size. Since dcbd9d3 it sorts the N x n selection keys; the
+    histogram it replaced unrolled per bin and grew with the context: 780 PTX lines at 8K, 4,117 at
+    64K, 7,209 at 128K (64 queries; 256 / 512 / 1,024 popc)."""
+    for np_ in (4, 16, 64, 128):
+        plan = compile_block_major(NP=np_)[0]
+        ptx = plan.asm["ptx"]
+        count = {k: len(re.findall(rf"\b{k}\.", ptx)) for k in ("atom", "popc", "vote", "bar", "shfl")}
+        print(f"plan kernel N={np_:3d} (any context): {ptx.count(chr(10))} PTX lines, "
+              + ", ".join(f"{k} {v}" for k, v in count.items()) + f"; {sass_summary(plan)}")
 
 
 def main() -> int:

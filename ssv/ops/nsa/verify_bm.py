@@ -2,9 +2,9 @@
 
 Grouped verification loads a group's union once, but C queries' union is still re-read by every other
 group, and a C = 16 program computes rows that did not select the block. Here the selected blocks
-below the step's window region are walked once per KV head over *all* queries: a plan kernel builds,
-per head, the list of blocks and for each block the (query, slot) pairs that selected it (a CSR made
-with a histogram, prefix sums and atomic slot counters: no sort), cut into work items of QC queries;
+below the step's window region are walked once per KV head over *all* queries: a plan kernel sorts,
+per head, the (block, query, slot) keys of the step's selections, so each block's selecting pairs form
+one run, and cuts the runs into work items of QC queries (built once per refresh layer: `BlockMajorPlan`);
 one program per item loads the block once, computes only its selecting rows, and writes one exact
 partial (base-2 log-sum-exp and normalized output) per (query, head, slot). The window pass
 (`nsa_verify_fwd_kernel` with BMERGE) then covers the window region and the tree and absorbs each
@@ -23,57 +23,57 @@ from ssv.ops.utils import pow2
 
 
 @triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def nsa_bm_plan_fwd_kernel(
-    blk, pos, ctr, csr, it_blk, it_chk, b_eo, b_cnt, n_items, N, W, s_bn, s_bh,
-    NP: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, NB: tl.constexpr, BS: tl.constexpr,
-    QC: tl.constexpr, CMAX: tl.constexpr,
+    blk, pos, keys, it_start, n_items, N, W, s_bn, s_bh,
+    NP: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BS: tl.constexpr, QC: tl.constexpr,
 ):
-    # one program per KV head
+    # one program per KV head. The selections below the step's window region, as keys block * E +
+    # entry (entry = query * NSELP + slot), sorted: each block's selecting entries become one run, cut
+    # into items of QC entries. A sort of the E = NP * NSELP keys, so the work does not grow with the
+    # context (a histogram over all P / BS blocks did: Triton unrolls it per bin).
+    E: tl.constexpr = NP * NSELP
     i_h = tl.program_id(0)
     o_n = tl.arange(0, NP)
     minpos = tl.min(tl.load(pos + o_n, mask=o_n < N, other=1 << 30))
     lim = tl.maximum(minpos - W + 1, 0) // BS  # blocks below this are outside every query's window
     o_eq, b_e, m_e = _entries(blk, 0, N, i_h, s_bn, s_bh, NP, NSEL, NSELP)
     m_v = m_e & (b_e < lim)
-    b_n = tl.histogram(b_e, NB, mask=m_v)  # [NB] selections per block
-    b_c = (b_n + QC - 1) // QC  # work items per block
-    b_io = tl.cumsum(b_c, 0) - b_c
-    b_o = tl.cumsum(b_n, 0) - b_n
-    o_b = tl.arange(0, NB)
-    p_b = i_h.to(tl.int64) * NB + o_b
-    tl.store(ctr + p_b, b_o)
-    tl.store(b_eo + p_b, b_o)
-    tl.store(b_cnt + p_b, b_n)
-    tl.debug_barrier()
-    # each selection takes the next free place of its block's range
-    b_slot = tl.atomic_add(ctr + i_h.to(tl.int64) * NB + b_e, 1, mask=m_v)
-    p_h = i_h.to(tl.int64) * (NP * NSELP)
-    tl.store(csr + p_h + b_slot, tl.arange(0, NP * NSELP), mask=m_v)  # query * NSELP + slot
-    for c in range(CMAX):
-        tl.store(it_blk + p_h + b_io + c, o_b, mask=b_c > c)
-        tl.store(it_chk + p_h + b_io + c, o_b * 0 + c, mask=b_c > c)
-    tl.store(n_items + i_h, tl.sum(b_c))
+    o_e = tl.arange(0, E)
+    b_k = tl.sort(tl.where(m_v, b_e * E + o_e, 0x7FFFFFFF))  # [E] the unused last
+    b_b = b_k // E
+    n_v = tl.sum(m_v.to(tl.int32))
+    m_first = (o_e == 0) | (b_b != tl.gather(b_b, tl.maximum(o_e - 1, 0), 0))
+    b_r = o_e - tl.associative_scan(tl.where(m_first, o_e, 0), 0, _max_combine)  # rank in its block's run
+    m_it = (b_r % QC == 0) & (o_e < n_v)
+    p_h = i_h.to(tl.int64) * E
+    tl.store(keys + p_h + o_e, b_k)
+    tl.store(it_start + p_h + tl.cumsum(m_it.to(tl.int32), 0) - 1, o_e, mask=m_it)
+    tl.store(n_items + i_h, tl.sum(m_it.to(tl.int32)))
 
 
 @triton.jit
 def nsa_bm_sel_fwd_kernel(
-    q, k, v, k_desc, v_desc, csr, it_blk, it_chk, b_eo, b_cnt, n_items, plse, po, P, scale,
+    q, k, v, k_desc, v_desc, keys, it_start, n_items, plse, po, P, scale,
     s_qn, s_qh, s_kh, s_kt, HQ,
     G: tl.constexpr, QC: tl.constexpr, RB: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    NB: tl.constexpr, E: tl.constexpr, NSELP: tl.constexpr, TMA: tl.constexpr,
+    E: tl.constexpr, NSELP: tl.constexpr, TMA: tl.constexpr,
 ):
     # one program per (KV head, work item); items past the head's count do nothing
     i_h, i_i = tl.program_id(0), tl.program_id(1)
     if i_i < tl.load(n_items + i_h):
         p_h = i_h.to(tl.int64) * E
-        j = tl.load(it_blk + p_h + i_i)
-        c = tl.load(it_chk + p_h + i_i)
-        p_b = i_h.to(tl.int64) * NB + j
-        start = tl.load(b_eo + p_b) + c * QC
-        cnt = tl.minimum(tl.load(b_cnt + p_b) - c * QC, QC)
+        start = tl.load(it_start + p_h + i_i)
+        j = tl.load(keys + p_h + start) // E
         o_r = tl.arange(0, RB)
-        m_r = (o_r // G < cnt) & (o_r < QC * G)
-        b_pk = tl.load(csr + p_h + start + o_r // G, mask=m_r, other=0)
+        m_r = (o_r < QC * G) & (start + o_r // G < E)
+        b_key = tl.load(keys + p_h + start + o_r // G, mask=m_r, other=0x7FFFFFFF)
+        m_r = m_r & (b_key // E == j)  # the rest of this block's run, up to QC entries
+        b_pk = b_key % E
         b_qi = (b_pk // NSELP).to(tl.int64)
         b_hq = i_h * G + o_r % G
         o_d = tl.arange(0, D)
@@ -102,20 +102,17 @@ def nsa_bm_sel_fwd_kernel(
 
 @dataclass
 class BlockMajorPlan:
-    """One step's selections laid out block-major per KV head (block -> selecting (query, slot), cut
-    into items of `qc` queries). It depends only on the selections and positions, so a refresh layer
-    builds it (`block_major_plan`) and the layers that reuse its selections pass it to `nsa_verify`."""
-    csr: torch.Tensor
-    it_blk: torch.Tensor
-    it_chk: torch.Tensor
-    b_eo: torch.Tensor
-    b_cnt: torch.Tensor
+    """One step's selections laid out block-major per KV head: the sorted (block, query, slot) keys
+    and the items (runs of up to `qc` entries of one block). It depends only on the selections and
+    positions, so a refresh layer builds it (`block_major_plan`) and the layers that reuse its
+    selections pass it to `nsa_verify`."""
+    keys: torch.Tensor
+    it_start: torch.Tensor
     n_items: torch.Tensor
     n: int
     hkv: int
     g: int
     nsel: int
-    nb: int
     qc: int
     e: int
     prefix_len: int
@@ -134,18 +131,17 @@ def block_major_plan(bi, pos, prefix_len: int, window: int, slc_block: int, g: i
     for GQA groups of g query heads: one launch, one program per KV head."""
     n, hkv, nsel = bi.shape
     nselp, np_ = pow2(nsel, 1), pow2(n, 1)
-    nb = pow2(-(-max(prefix_len, 1) // slc_block) + 1, 1)
     qc = max(1, 16 // g)  # queries per item: ~16 rows
     e = np_ * nselp
+    if (-(-max(prefix_len, 1) // slc_block) + 1) * e >= 2 ** 31:
+        raise ValueError(f"block-major keys (block * {e} + entry) overflow int32 at a context of {prefix_len}")
     i32 = dict(device=bi.device, dtype=torch.int32)
-    ctr, b_eo, b_cnt = (torch.empty(hkv * nb, **i32) for _ in range(3))
-    csr, it_blk, it_chk = (torch.empty(hkv * e, **i32) for _ in range(3))
+    keys, it_start = (torch.empty(hkv * e, **i32) for _ in range(2))
     n_items = torch.empty(hkv, **i32)
     nsa_bm_plan_fwd_kernel[(hkv,)](
-        bi, pos, ctr, csr, it_blk, it_chk, b_eo, b_cnt, n_items, n, int(window), bi.stride(0), bi.stride(1),
-        NP=np_, NSEL=nsel, NSELP=nselp, NB=nb, BS=slc_block, QC=qc, CMAX=triton.cdiv(np_, qc), num_warps=8)
-    return BlockMajorPlan(csr, it_blk, it_chk, b_eo, b_cnt, n_items, n, hkv, g, nsel, nb, qc, e,
-                          int(prefix_len), int(window), slc_block)
+        bi, pos, keys, it_start, n_items, n, int(window), bi.stride(0), bi.stride(1),
+        NP=np_, NSEL=nsel, NSELP=nselp, BS=slc_block, QC=qc, num_warps=8)
+    return BlockMajorPlan(keys, it_start, n_items, n, hkv, g, nsel, qc, e, int(prefix_len), int(window), slc_block)
 
 
 def block_major_partials(q, k, v, plan: BlockMajorPlan, scale: float, descs=None):
@@ -157,8 +153,8 @@ def block_major_partials(q, k, v, plan: BlockMajorPlan, scale: float, descs=None
     plse = torch.empty(n * hq * nselp, device=q.device, dtype=torch.float32)
     po = torch.empty(n * hq * nselp * d, device=q.device, dtype=q.dtype)
     nsa_bm_sel_fwd_kernel[(plan.hkv, n * plan.nsel)](
-        q, k, v, *(descs or (k, v)), plan.csr, plan.it_blk, plan.it_chk, plan.b_eo, plan.b_cnt, plan.n_items,
+        q, k, v, *(descs or (k, v)), plan.keys, plan.it_start, plan.n_items,
         plse, po, plan.prefix_len, float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
-        G=plan.g, QC=plan.qc, RB=pow2(plan.qc * plan.g), D=d, BS=plan.slc_block, NB=plan.nb, E=plan.e,
+        G=plan.g, QC=plan.qc, RB=pow2(plan.qc * plan.g), D=d, BS=plan.slc_block, E=plan.e,
         NSELP=nselp, TMA=descs is not None, num_warps=4)
     return plse, po
