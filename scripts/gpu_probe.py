@@ -75,12 +75,12 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
     if extra.get("bm_plan") in ("reuse", "only"):  # a refresh layer's plan, built once here
         from ssv.ops.nsa.verify_bm import block_major_plan
         g = c["q"].shape[1] // c["k"].shape[0]
-        plan = block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
+
+        def plan():
+            return block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
         if extra["bm_plan"] == "only":  # the plan alone: nothing to check (`out` unwritten)
-            def f():
-                block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
-            return f, None
-        extra = {**extra, "bm_plan": plan}
+            return plan, None
+        extra = {**extra, "bm_plan": plan()}
 
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
@@ -110,27 +110,19 @@ def main(mode: str) -> int:
         if only and name not in only:
             continue
         f, out = launcher(c, *cfg)
-        if out is None:  # no output to check
-            if mode == "cpu":
-                f()
-                print(f"{name:20s} ran", flush=True)
-            elif mode == "once":
-                f(); f()
-                torch.cuda.synchronize()
-            else:
-                ms, how = bench_graph(f, reps=50)
-                print(f"{name:20s} {ms * 1e3:8.1f} us ({how})", flush=True)
-        elif mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
-            f.out = out
-            print(f"{name:20s} rel.err {check(c, f, cfg[0], cfg[1]):.1e}", flush=True)
+        f.out = out
+
+        def err():  # after a timing or a smoke run; the plan-only variant writes no output
+            return "" if out is None else f"  rel.err vs per-query {check(c, f, cfg[0], cfg[1]):.1e}"
+        if mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
+            f()
+            print(f"{name:20s} ran{err()}", flush=True)
         elif mode == "once":
             f(); f()
             torch.cuda.synchronize()
         else:
             ms, how = bench_graph(f, reps=50)
-            f.out = out
-            err = check(c, f, cfg[0], cfg[1])
-            print(f"{name:20s} {ms * 1e3:8.1f} us ({how})  rel.err vs per-query {err:.1e}", flush=True)
+            print(f"{name:20s} {ms * 1e3:8.1f} us ({how}){err()}", flush=True)
     return 0
 
 

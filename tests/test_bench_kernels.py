@@ -120,3 +120,15 @@ def test_claims_let_one_process_run_a_case(tmp_path):
     rows = [dict(shape="nsa-1b", context=8192, tree=64, method="naive (C=1)", C=1, ms=0.01)]
     f = _results(tmp_path / "a.json", "c1", rows, "d0")
     assert cases_in([f, str(tmp_path / "missing.json")]) == {("nsa-1b", 8192, 64)}
+
+
+def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys):
+    from ssv.bench.kernels import timed
+
+    def boom():
+        raise RuntimeError("no kernel")
+    ms, how = timed(boom, True, "case x")
+    assert ms is None and how == "failed: RuntimeError: no kernel"
+    assert "case x failed: RuntimeError: no kernel" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="no kernel"):
+        timed(boom, False, "case x")

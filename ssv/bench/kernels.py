@@ -18,6 +18,7 @@ import subprocess
 import sys
 import warnings
 import zlib
+from collections import Counter
 
 import torch
 
@@ -99,6 +100,18 @@ def overlap_of(idx):
     return sum(vals) / max(1, len(vals))
 
 
+def timed(fn, optional: bool, label: str):
+    """(ms, how) of bench_graph; for an opt-in path that fails, (None, "failed: <error>") and a line on
+    stderr instead of an exception, so one failing variant does not stop a matrix."""
+    try:
+        return bench_graph(fn)
+    except Exception as e:
+        if not optional:
+            raise
+        print(f"{label} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None, f"failed: {type(e).__name__}: {e}"[:500]
+
+
 def bench_graph(fn, reps: int = 30):
     """Median time (ms) of fn replayed from a CUDA graph, timed with CUDA events."""
     import triton.testing
@@ -162,17 +175,9 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     rows = []
 
     def add(method, C, fn, nbytes=ub, optional=False):
-        try:
-            ms, how = bench_graph(fn)
-        except Exception as e:  # an opt-in path that fails here is reported, not fatal to the matrix
-            if not optional:
-                raise
-            print(f"{shape} T={T} N={N} {method} C={C} failed: {type(e).__name__}: {e}", file=sys.stderr)
-            rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=None, timing="failed",
-                             error=f"{type(e).__name__}: {e}"[:500], unique_bytes=nbytes, tbps=None))
-            return
+        ms, how = timed(fn, optional, f"{shape} T={T} N={N} {method} C={C}")
         rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=ms, timing=how,
-                         unique_bytes=nbytes, tbps=nbytes / ms / 1e9))
+                         unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9))
 
     add("naive (C=1)", 1, verify(1, False))
     # the baseline at its best: flash-decoding KV splits help the per-query kernel too
@@ -291,8 +296,8 @@ def merge_results(paths):
     commits = {d["env"].get("commit") for d in docs}
     if len(commits) != 1:
         raise ValueError(f"cannot merge results of different commits: {sorted(map(str, commits))}")
-    keys = [(r["shape"], r["context"], r["tree"], r["method"], r["C"]) for d in docs for r in d["rows"]]
-    dup = {k for k in keys if keys.count(k) > 1}
+    keys = Counter((r["shape"], r["context"], r["tree"], r["method"], r["C"]) for d in docs for r in d["rows"])
+    dup = {k for k, c in keys.items() if c > 1}
     if dup:
         raise ValueError(f"the files time the same rows twice, e.g. {sorted(dup)[0]}")
     env = dict(docs[0]["env"])
@@ -357,12 +362,7 @@ def run_traces(path):
         ov = overlap_of(r["block_indices"])
         case = []
         for method, C, approx, kw in TRACE_ROWS:
-            try:
-                ms, how = bench_graph(verify(C, approx, **kw))
-            except Exception as e:  # an opt-in path that fails is reported with the others
-                if "block_major" not in kw:
-                    raise
-                ms, how = None, f"failed: {type(e).__name__}: {e}"[:300]
+            ms, how = timed(verify(C, approx, **kw), "block_major" in kw, f"layer {r['layer']} {method} C={C}")
             case.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
                              method=method, C=C, ms=ms, timing=how, unique_bytes=ub,
                              tbps=None if ms is None else ub / ms / 1e9, overlap=ov))
@@ -528,8 +528,8 @@ def print_table(rows, env) -> None:
     nan = float("nan")
     for r in rows:
         if r["ms"] is None:
-            print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d}   failed: "
-                  f"{r.get('error', '')[:60]}")
+            print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d}   "
+                  f"{r['timing'][:68]}")
             continue
         print(f"{r['shape']:14s} {r['context']:6d} {r['tree']:4d} {r['method']:38s} {r['C']:3d} {r['ms']:8.4f} "
               f"{r['tbps']:6.2f} {r['x_vs_naive']:8.2f} {r.get('x_vs_fla_slc', nan):7.2f} "
