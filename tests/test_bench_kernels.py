@@ -122,8 +122,11 @@ def test_claims_let_one_process_run_a_case(tmp_path):
     assert cases_in([f, str(tmp_path / "missing.json")]) == {("nsa-1b", 8192, 64)}
 
 
-def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys):
+def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys, monkeypatch):
+    import ssv.bench.kernels as K
     from ssv.bench.kernels import timed
+    monkeypatch.setattr(K, "bench_graph", lambda fn: (fn(), "graph"))  # no GPU here: run fn untimed
+    assert timed(lambda: 0.5, False, "ok") == (0.5, "graph")
 
     def boom():
         raise RuntimeError("no kernel")
