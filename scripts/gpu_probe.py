@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection
+from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, unique_bytes
 from ssv.config import NSAConfig
 from ssv.ops.nsa.verify import nsa_verify
 
@@ -106,6 +106,9 @@ def main(mode: str) -> int:
     if mode != "cpu":
         from ssv.bench.kernels import environment
         print("#", " ".join(f"{k} {v}" for k, v in environment().items()), flush=True)
+        d = c["k"].shape[-1]
+        ub = unique_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], c["q"].shape[0], c["cfg"], d, c["k"].element_size())
+        print(f"# unique K/V bytes of the step {ub / 1e6:.1f} MB (the floor at the copy bandwidth: bytes / TB/s)")
     for name, *cfg in VARIANTS:
         if only and name not in only:
             continue

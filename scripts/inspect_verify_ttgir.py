@@ -110,9 +110,9 @@ def sass_summary(cc) -> str:
 
 
 def plan_scaling() -> None:
-    """The plan kernel's code by tree size. Since dcbd9d3 it sorts the N x n selection keys; the
-    histogram it replaced unrolled per bin and grew with the context: 780 PTX lines at 8K, 4,117 at
-    64K, 7,209 at 128K (64 queries; 256 / 512 / 1,024 popc)."""
+    """The plan kernel's code by tree size. Since 8e46206 it sorts the N x n selection keys; the
+    histogram it replaced unrolled per bin and grew with the context: 1,487 PTX lines at 8K, 4,117 at
+    64K, 7,209 at 128K (64 queries; 32 / 512 / 1,024 popc; bench/results/plan-scaling.txt)."""
     for np_ in (4, 16, 64, 128):
         plan = compile_block_major(NP=np_)[0]
         ptx = plan.asm["ptx"]
