@@ -3,17 +3,18 @@
   python3 scripts/gpu_probe.py time            # graph-replay timings of launch-config variants
   ncu ... python3 scripts/gpu_probe.py once    # each variant launched twice, for Nsight Compute
   TRITON_INTERPRET=1 python3 scripts/gpu_probe.py cpu   # smoke run on a small case, no GPU
-  (a second argument, comma-separated names, picks variants)
+  (a second argument, comma-separated names, picks variants; PROBE_SHAPE=nsa-1b etc. another shape)
 
 Not a benchmark (no JSON, no baselines): it answers "where does the time go" between bench runs.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
-from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, unique_bytes
+from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, tile_bytes, unique_bytes
 from ssv.config import NSAConfig
 from ssv.ops.nsa.verify import nsa_verify
 
@@ -62,6 +63,34 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
     ("exact4 block-major lazy", 4, False, None, 4, 3, dict(block_major=True, lazy=True)),
     ("exact4 block-major plan reused", 4, False, None, 4, 3, dict(block_major=True, bm_plan="reuse")),
     ("block-major plan only", 4, False, None, 4, 3, dict(block_major=True, bm_plan="only")),
+    # the key split (one warp per 16 keys of a tile) and the folded split merge (no second launch)
+    ("naive lazy kw", 1, False, 1, 4, 3, dict(lazy=True, key_split=True)),
+    ("naive lazy kw split2 fold", 1, False, 2, 4, 3, dict(lazy=True, key_split=True, fold=True)),
+    ("exact4 lazy kw", 4, False, 2, 4, 3, dict(lazy=True, key_split=True)),
+    ("exact4 lazy kw split3", 4, False, 3, 4, 3, dict(lazy=True, key_split=True)),
+    ("exact4 lazy kw s2", 4, False, 2, 4, 2, dict(lazy=True, key_split=True)),
+    ("exact4 lazy kw s4", 4, False, 2, 4, 4, dict(lazy=True, key_split=True)),
+    ("exact4 lazy fold", 4, False, 2, 4, 3, dict(lazy=True, fold=True)),
+    ("exact4 lazy fold split3", 4, False, 3, 4, 3, dict(lazy=True, fold=True)),
+    ("exact4 lazy fold split4", 4, False, 4, 4, 3, dict(lazy=True, fold=True)),
+    ("exact4 lazy kw fold", 4, False, 2, 4, 3, dict(lazy=True, key_split=True, fold=True)),
+    ("exact4 lazy kw fold split3", 4, False, 3, 4, 3, dict(lazy=True, key_split=True, fold=True)),
+    ("exact4 lazy kw fold split4", 4, False, 4, 4, 3, dict(lazy=True, key_split=True, fold=True)),
+    ("exact8 lazy fold", 8, False, None, 4, 3, dict(lazy=True, fold=True)),
+    ("exact16 lazy fold s8 w8", 16, False, 8, 8, 3, dict(lazy=True, fold=True)),
+    ("approx4 fold", 4, True, None, 4, 3, dict(fold=True)),
+    ("approx4 lazy kw", 4, True, None, 4, 3, dict(lazy=True, key_split=True)),
+    ("approx4 lazy kw fold", 4, True, None, 4, 3, dict(lazy=True, key_split=True, fold=True)),
+    # the window pass (two launches: unions below the step's window region, then the region in
+    # groups of 8 / 16); both at the default launch table and split heuristic (None)
+    ("exact4 lazy defaults", 4, False, None, None, None, dict(lazy=True)),
+    ("exact4 lazy wg16", 4, False, None, None, None, dict(lazy=True, window_group=16)),
+    ("exact4 lazy wg8", 4, False, None, None, None, dict(lazy=True, window_group=8)),
+    ("exact4 lazy kw wg16", 4, False, None, None, None, dict(lazy=True, key_split=True, window_group=16)),
+    ("exact4 online wg16", 4, False, None, None, None, dict(lazy=False, window_group=16)),
+    ("exact2 lazy wg16", 2, False, None, None, None, dict(lazy=True, window_group=16)),
+    ("exact8 lazy wg16", 8, False, None, None, None, dict(lazy=True, window_group=16)),
+    ("exact8 lazy split4", 8, False, 4, 4, 3, dict(lazy=True)),
     ("approx4", 4, True, None, 4, 3, {}),
     ("approx16", 16, True, None, 4, 3, {}),
     ("approx16 w8", 16, True, None, 8, 3, {}),
@@ -82,11 +111,30 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
             return plan, None
         extra = {**extra, "bm_plan": plan()}
 
+    if extra.get("fold") or extra.get("window_group"):  # the plan's counters, zeroed once (a zeroing per call would be timed)
+        q = c["q"]
+        extra = {**extra, "counters": torch.zeros(V.num_counters(q.shape[0], q.shape[1], c["k"].shape[0], 1),
+                                                  device=q.device, dtype=torch.int32)}
+
+    launch = None if warps is None else dict(num_warps=warps, num_stages=stages)  # None: the default table
+
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
                      c["cfg"].window, group_size=C, approx=approx, out=out, n_split=n_split, tune=False,
-                     launch=dict(num_warps=warps, num_stages=stages), **extra)
+                     launch=launch, **extra)
     return f, out
+
+
+def loaded(c, C, approx, window_group=0):
+    """K/V bytes the variant's programs load (its work lists; `tile_bytes`), row splits included."""
+    from ssv.ops.utils import pow2
+    n, hq, d = c["q"].shape
+    g = hq // c["k"].shape[0]
+
+    def splits(rows):
+        return -(-rows // min(pow2(rows), 128))
+    return tile_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], n, c["cfg"], d, c["k"].element_size(), C, approx,
+                      splits(C * g), window_group, splits(window_group * g))
 
 
 def check(c, fn, C, approx):
@@ -94,26 +142,38 @@ def check(c, fn, C, approx):
     import ssv.ops.nsa.verify as V
     ref = V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
                        c["cfg"].window, group_size=C if approx else 1, approx=approx, tune=False,
-                       tma=False, lazy=False)[0].float()
+                       tma=False, lazy=False, key_split=False, fold=False, window_group=0)[0].float()
     fn()
     got = fn.out.float()
     return ((got - ref).norm() / ref.norm()).item()
 
 
 def main(mode: str) -> int:
-    c = case() if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
+    shape = os.environ.get("PROBE_SHAPE", "llama3.1-8b")  # another SHAPES key: the same variants there
+    c = case(shape) if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     if mode != "cpu":
         from ssv.bench.kernels import environment
         print("#", " ".join(f"{k} {v}" for k, v in environment().items()), flush=True)
+        print(f"# shape {shape}, context {c['T']}, {c['q'].shape[0]} tree queries", flush=True)
         d = c["k"].shape[-1]
         ub = unique_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], c["q"].shape[0], c["cfg"], d, c["k"].element_size())
         print(f"# unique K/V bytes of the step {ub / 1e6:.1f} MB (the floor at the copy bandwidth: bytes / TB/s)")
     for name, *cfg in VARIANTS:
         if only and name not in only:
             continue
-        f, out = launcher(c, *cfg)
+        try:
+            f, out = launcher(c, *cfg)
+            if mode != "cpu":
+                f()  # an option this shape does not support raises here, before any timing
+        except ValueError as e:
+            print(f"{name:20s} not run: {e}", flush=True)
+            continue
         f.out = out
+
+        C, approx, n_split = cfg[0], cfg[1], cfg[2]
+        bm_var = cfg[-1].get("block_major")
+        lb = None if bm_var else loaded(c, C, approx, cfg[-1].get("window_group", 0))
 
         def err():  # after a timing or a smoke run; the plan-only variant writes no output
             return "" if out is None else f"  rel.err vs per-query {check(c, f, cfg[0], cfg[1]):.1e}"
@@ -125,7 +185,8 @@ def main(mode: str) -> int:
             torch.cuda.synchronize()
         else:
             ms, how = bench_graph(f, reps=50)
-            print(f"{name:20s} {ms * 1e3:8.1f} us ({how}){err()}", flush=True)
+            tiles = "" if lb is None else f"  loaded {lb / 1e6:6.1f} MB, {lb / ms / 1e9:4.2f} TB/s"
+            print(f"{name:20s} {ms * 1e3:8.1f} us ({how}){tiles}{err()}", flush=True)
     return 0
 
 

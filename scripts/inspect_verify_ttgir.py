@@ -24,21 +24,22 @@ from triton.compiler import ASTSource
 
 from ssv.ops.nsa.verify import nsa_verify_fwd_kernel
 
-INTS = ("N", "P", "W", "NSPLIT", "PB", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
+INTS = ("N", "P", "W", "NSPLIT", "NU", "PB", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
 PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32", gates="*fp32", o_cmp="*fp32",
             o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32",
-            plse="*fp32", po="*bf16")
+            plse="*fp32", po="*bf16", cnt="*i32")
 
 
-def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False, bm=False):
+def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False, bm=False, kw=1,
+                   gated=False, fold=False, part=0):
     desc = f"tensordesc<bf16[1,64,{D}]>" if tma else "*bf16"
     sig = dict(PTRS, k_desc=desc, v_desc=desc, scale="fp32", **{n: "i32" for n in INTS})
     order = list(nsa_verify_fwd_kernel.arg_names)
     sig = {n: sig.get(n, "constexpr") for n in order}
     cq = 1 if approx else C
-    const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=False,
-                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy, BMERGE=bm, NP=64)
-    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "PB")]]
+    const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=gated,
+                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy, BMERGE=bm, NP=64, KW=kw, FOLD=fold, PART=part)
+    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "NU", "PB")]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))

@@ -132,6 +132,7 @@ class TritonNSAPlan:
         self.tmask = meta.tree_mask.to(torch.uint8).contiguous()
         self.max_pos = int(meta.positions.max())  # the step's one host sync
         self._indices: Optional[torch.Tensor] = None
+        self._counters: Optional[torch.Tensor] = None
 
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
         from ssv.ops.nsa.naive import num_cmp_blocks
@@ -153,8 +154,11 @@ class TritonNSAPlan:
                 self._indices = idx
                 if self.record is not None:
                     self.record.append(_record(layer, m, idx))
+        if self._counters is None:  # a folded merge's counters: zeroed once, left zero by every layer
+            self._counters = torch.zeros(m.n * k.shape[0], device=q.device, dtype=torch.int32)
         o, _, _ = nsa_verify(q, k, v, m.prefix_len, m.positions, self.tmask, self._indices, cfg.slc_block,
-                             cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp)
+                             cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp,
+                             counters=self._counters)
         return o
 
 

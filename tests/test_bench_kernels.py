@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ssv.bench.kernels import (cases, cases_in, claim, eagle_tree, merge_results, overlap_of, ratios, resumed_rows,
-                               synthetic_selection, unique_bytes)
+                               synthetic_selection, tile_bytes, unique_bytes)
 from ssv.config import NSAConfig
 
 
@@ -43,6 +43,22 @@ def test_unique_bytes_counts_each_needed_token_once():
     # tokens: blocks 0, 3, 5 (48), the windows [93, 100) and [94, 100) add 96..99 (93..95 are in
     # block 5), plus the n new tokens per head; K and V, d = 4, 2 bytes
     assert unique_bytes(idx, pos, P, n, cfg, d=4, elt=2) == (48 + 4 + 2) * 4 * 2 * 2
+
+
+def test_tile_bytes_follows_the_kernels_work_lists():
+    cfg = NSAConfig(slc_block=16, n_select=3, window=8, cmp_block=8, cmp_stride=4)
+    P, n, tile = 100, 2, 16 * 4 * 2 * 2                 # a tile: 16 tokens, d = 4, K and V, 2 bytes
+    pos = torch.tensor([100, 101])
+    idx = torch.tensor([[[0, 3]], [[1, 3]]])
+    # both windows start in block 5 (93 // 16, 94 // 16): window tiles 5 and 6, one tree tile
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=1) == (2 + 2 + 1) * 2 * tile   # each query alone
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=2) == (3 + 2 + 1) * tile       # union {0, 1, 3}
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=2, approx=True) == (2 + 2 + 1) * tile
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=2, row_splits=2) == 2 * (3 + 2 + 1) * tile
+    # a window pass: each query's union below the step's window region, then one window group
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=1, window_group=2) == (2 + 2 + (2 + 1)) * tile
+    idx[1, 0] = torch.tensor([3, 5])                     # block 5 is in the window region: no extra tile
+    assert tile_bytes(idx, pos, P, n, cfg, 4, 2, C=2) == (2 + 2 + 1) * tile
 
 
 def test_resume_keeps_rows_of_the_same_commit_only(tmp_path):

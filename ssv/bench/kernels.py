@@ -89,6 +89,33 @@ def unique_bytes(idx, pos, P, n, cfg, d, elt):
     return toks * d * 2 * elt
 
 
+def tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx=False, row_splits=1, window_group=0, window_row_splits=1):
+    """K/V bytes the verify kernel's programs load (from L2 or HBM), as its work lists say: per
+    (group of C queries, KV head), each tile once -- the union of the group's selected blocks below
+    its window region (approximate: the first query's), the window region's tiles, the tree's
+    tiles -- times the row splits. With a window pass (window_group) the union stops below the
+    step's window region, which the window groups read with the tree. Against `unique_bytes`: how
+    often a tile is read again."""
+    bs = cfg.slc_block
+
+    def lim_of(members):
+        return max(min(int(pos[i]) for i in members) - cfg.window + 1, 0) // bs
+
+    def window_tiles(lim):
+        return max(-(-(P - lim * bs) // bs), 0) + -(-n // bs)
+    step_lim = lim_of(range(n))
+    tiles = 0
+    for g0 in range(0, n, C):
+        members = range(g0, min(n, g0 + C))
+        lim = step_lim if window_group else lim_of(members)
+        for h in range(idx.shape[1]):
+            u = {b for i in (members[:1] if approx else members) for b in idx[i, h].tolist() if 0 <= b < lim}
+            tiles += (len(u) + (0 if window_group else window_tiles(lim))) * row_splits
+    if window_group:
+        tiles += -(-n // window_group) * idx.shape[1] * window_tiles(step_lim) * window_row_splits
+    return tiles * bs * d * 2 * elt
+
+
 def overlap_of(idx):
     """Mean Jaccard overlap of adjacent queries' selections (over KV heads)."""
     vals = []
@@ -153,6 +180,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     w, s0, npath = path_block_weights(T, pos, tmask, cfg)
     max_pos = int(pos.max())
     out = torch.empty_like(q)
+    cnt = torch.zeros(N * hkv, device=dev, dtype=torch.int32)  # the plan's counters (folded merges), zeroed once
     it = [0]
 
     def nxt():
@@ -163,7 +191,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
         def f():
             i = nxt()
             nsa_verify(q, k[i], v[i], T, pos, tm8, idx, cfg.slc_block, cfg.window, group_size=C,
-                       approx=approx, out=out, n_split=n_split, tune=tune, **kw)
+                       approx=approx, out=out, n_split=n_split, tune=tune, counters=cnt, **kw)
         return f
 
     def route():
@@ -174,21 +202,44 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     ub = unique_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt)
     rows = []
 
-    def add(method, C, fn, nbytes=ub, optional=False):
+    def add(method, C, fn, nbytes=ub, optional=False, loads=None):
         ms, how = timed(fn, optional, f"{shape} T={T} N={N} {method} C={C}")
         rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=ms, timing=how,
-                         unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9))
+                         unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9,
+                         loaded_bytes=loads, loaded_tbps=None if ms is None or loads is None else loads / ms / 1e9))
 
-    add("naive (C=1)", 1, verify(1, False))
-    # the baseline at its best: flash-decoding KV splits help the per-query kernel too
-    add("naive (C=1), 2 KV splits", 1, verify(1, False, 2))
+    def loads(C, approx=False, window_group=None):
+        # what the programs read (from L2 or HBM): the verify kernel's work lists
+        from ssv.ops.nsa.verify import WINDOW_GROUP_DEFAULT
+        g = hq // hkv
+        wg = (WINDOW_GROUP_DEFAULT if C < WINDOW_GROUP_DEFAULT and not approx else 0) \
+            if window_group is None else window_group
+        return tile_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt, C, approx, -(-C * g // 128), wg,
+                          -(-wg * g // 128))
+
+    add("naive (C=1)", 1, verify(1, False), loads=loads(1, window_group=0))
+    # the baseline at its best: flash-decoding KV splits help the per-query kernel too, and so
+    # does the key split (one warp per 16 keys of a tile) where it is not the default
+    add("naive (C=1), 2 KV splits", 1, verify(1, False, 2), loads=loads(1, window_group=0))
+    add("naive (C=1), key split", 1, verify(1, False, lazy=True, key_split=True), optional=True,
+        loads=loads(1, window_group=0))
     for C in (2, 4, 8, 16):
-        add("ssv exact", C, verify(C, False))
+        add("ssv exact", C, verify(C, False), loads=loads(C))
     for C in (4, 16):
-        add("ssv approx", C, verify(C, True))
+        add("ssv approx", C, verify(C, True), loads=loads(C, True))
+    # this version's three launch options one by one, from the lazy single launch (v5's default)
+    v5 = dict(lazy=True, key_split=False, fold=False, window_group=0)
+    add("ssv exact, v5 launch", 4, verify(4, False, **v5), loads=loads(4, window_group=0))
+    add("ssv exact, key split", 4, verify(4, False, **{**v5, "key_split": True}), optional=True,
+        loads=loads(4, window_group=0))
+    add("ssv exact, folded merge", 4, verify(4, False, **{**v5, "fold": True}), optional=True,
+        loads=loads(4, window_group=0))
+    for C, wg in ((4, 16), (8, 16)):
+        add(f"ssv exact, window pass {wg}", C, verify(C, False, **{**v5, "window_group": wg}), optional=True,
+            loads=loads(C, window_group=wg))
     # the softmax the default does not use: online for exact mode (both sides), lazy for approximate
     add("naive (C=1), online softmax", 1, verify(1, False, lazy=False))
-    add("ssv exact, online softmax", 4, verify(4, False, lazy=False))
+    add("ssv exact, online softmax", 4, verify(4, False, lazy=False), loads=loads(4))
     add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True), optional=True)
     # block-major selected branch (each block once per head, only its selecting rows), opt-in until
     # timed; C is the window pass's group
@@ -333,7 +384,11 @@ TRACE_ROWS = (  # method, C, approx, nsa_verify flags beyond the defaults
     ("naive (C=1), online softmax", 1, False, dict(lazy=False)),
     ("ssv exact, online softmax", 4, False, dict(lazy=False)),
     ("ssv exact, block-major", 4, False, dict(block_major=True)),
+    ("naive (C=1), key split", 1, False, dict(lazy=True, key_split=True)),
+    ("ssv exact, v5 launch", 4, False, dict(lazy=True, key_split=False, fold=False, window_group=0)),
+    ("ssv exact, window pass 16", 4, False, dict(lazy=True, key_split=False, fold=False, window_group=16)),
 )
+TRACE_OPTIONAL = ("block_major", "key_split", "window_group")  # opt-in paths: a failure is a row, not a stop
 
 
 def run_traces(path):
@@ -351,18 +406,19 @@ def run_traces(path):
         v = torch.randn_like(k)
         q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
         it = [0]
+        cnt = torch.zeros(n * hkv, device="cuda", dtype=torch.int32)
 
         def verify(C, approx, **kw):
             def f():
                 it[0] = (it[0] + 1) % 8
                 nsa_verify(q, k[it[0]], v[it[0]], T, pos, mask, idx, cfg.slc_block, cfg.window, group_size=C,
-                           approx=approx, **kw)
+                           approx=approx, counters=cnt, **kw)
             return f
         ub = unique_bytes(idx.cpu(), pos.cpu(), T, n, cfg, d, 2)
         ov = overlap_of(r["block_indices"])
         case = []
         for method, C, approx, kw in TRACE_ROWS:
-            ms, how = timed(verify(C, approx, **kw), "block_major" in kw, f"layer {r['layer']} {method} C={C}")
+            ms, how = timed(verify(C, approx, **kw), any(o in kw for o in TRACE_OPTIONAL), f"layer {r['layer']} {method} C={C}")
             case.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
                              method=method, C=C, ms=ms, timing=how, unique_bytes=ub,
                              tbps=None if ms is None else ub / ms / 1e9, overlap=ov))

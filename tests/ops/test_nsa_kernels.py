@@ -73,7 +73,8 @@ VERIFY_CASES = [
 
 
 PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True),
-         "online softmax": dict(tma=True, lazy=False), "block-major": dict(tma=True, block_major=True)}
+         "online softmax": dict(tma=True, lazy=False), "block-major": dict(tma=True, block_major=True),
+         "folded split merge": dict(tma=True, fold=True), "split merge kernel": dict(tma=True, fold=False)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -135,6 +136,136 @@ EDGE_CASES = {  # name: (seed, P, N, Hkv, G, C, approx, cfg overrides, chain, ma
 }
 
 
+KEY_SPLIT_CASES = [
+    # seed, P, N, Hkv, G, D, C, approx, slc_block (64: 4 chunks of 16 keys, 32: 2), cfg overrides
+    (40, 700, 9, 2, 4, 32, 4, False, 64, {}),
+    (41, 700, 13, 1, 3, 64, 4, False, 64, dict(window=100)),
+    (42, 333, 11, 2, 2, 16, 8, False, 32, {}),
+    (43, 517, 6, 2, 1, 32, 1, False, 32, dict(window=0)),
+    (44, 900, 17, 1, 4, 16, 4, True, 64, dict(n_select=6)),
+    (45, 64, 20, 2, 2, 16, 2, False, 64, dict(window=48)),
+]
+
+
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("load", ["tma", "pointers"])
+@pytest.mark.parametrize("n_split", [1, 3])
+@pytest.mark.parametrize("gating", ["union", "gated"])
+@pytest.mark.parametrize("case", KEY_SPLIT_CASES)
+def test_verify_key_split_matches_reference(case, gating, n_split, load, fold):
+    """The lazy loop with each tile's keys split across warps (selection blocks of 32 and 64 keys:
+    2 and 4 chunks), both load paths, with and without KV splits merged in the kernel."""
+    if CUDA and (load == "pointers" or fold) and n_split == 1 and gating == "gated":
+        pytest.skip("on the GPU a subset of the combinations (compile time)")
+    seed, P, N, hkv, G, D, C, approx, slc, over = case
+    cfg = NSAConfig(**{**CFG, "cmp_block": 16, "cmp_stride": 8, "slc_block": slc, "window": 64, **over,
+                       "gating": gating})
+    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, DTYPES[0], cfg)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    idx = ref.block_indices
+    if approx:
+        idx = idx[torch.arange(N) // C * C]
+        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
+    gated = gating == "gated"
+    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                                 cfg.slc_block, cfg.window, group_size=C, approx=approx,
+                                 gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
+                                 out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split,
+                                 tma=load == "tma", lazy=True, key_split=True, fold=fold, tune=False)
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
+    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
+    if gated:
+        assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
+
+
+WINDOW_PASS_CASES = [  # seed, P, N, Hkv, G, D, C, window_group, cfg overrides
+    (60, 150, 7, 2, 3, 16, 4, 16, {}),
+    (61, 301, 9, 1, 4, 32, 1, 8, dict(window=0)),
+    (62, 64, 5, 3, 1, 16, 2, 4, dict(window=40)),
+    (63, 37, 12, 2, 2, 16, 8, 16, dict(window=8)),          # P below the window: nothing in the first launch
+    (64, 700, 33, 1, 16, 16, 4, 16, dict(n_select=6)),       # 256-row window groups: two row splits
+    (65, 0, 20, 2, 2, 16, 2, 16, {}),
+    (66, 97, 16, 2, 5, 64, 1, 2, dict(forced_first=False, forced_local=0)),  # rows with nothing selected there
+    (67, 517, 6, 2, 1, 32, 4, 8, dict(slc_block=32, window=64, cmp_block=16, cmp_stride=8)),
+]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("n_split", [1, 3])
+@pytest.mark.parametrize("gating", ["union", "gated"])
+@pytest.mark.parametrize("case", WINDOW_PASS_CASES)
+def test_verify_window_pass_matches_reference(case, gating, n_split, lazy):
+    """Two launches: each C-group's union below the step's window region, then the region and the
+    tree in window groups, merging the first launch's states (lazy with the key split where it fits)."""
+    if CUDA and not lazy and n_split == 1:
+        pytest.skip("on the GPU a subset of the combinations (compile time)")
+    seed, P, N, hkv, G, D, C, wg, over = case
+    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
+    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, DTYPES[0], cfg, chain=seed == 65)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    gated = gating == "gated"
+    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
+                                 ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=C,
+                                 gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
+                                 out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, lazy=lazy,
+                                 key_split=None, window_group=wg, tune=False)
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
+    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
+    if gated:
+        assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
+
+
+@pytest.mark.parametrize("bad", [dict(window_group=4), dict(window_group=3), dict(window_group=16, approx=True),
+                                 dict(window_group=16, block_major=True)])
+def test_verify_window_pass_rejects_what_it_does_not_do(bad):
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
+    idx = torch.zeros(7, 2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="window_group must be"):
+        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV), cfg.slc_block,
+                   cfg.window, group_size=4, **bad)
+
+
+def test_verify_key_chunks_and_their_errors():
+    from ssv.ops.nsa.verify import key_chunks
+    assert key_chunks(16, 128, 64, gated=False) == 4      # Llama C = 4: one warp per 16 keys
+    assert key_chunks(16, 128, 64, gated=True) == 4       # two branches: 4096 accumulators a warp
+    assert key_chunks(32, 128, 64, gated=False) == 1      # 32 rows: spills on sm_90
+    assert key_chunks(16, 64, 128, gated=True) == 4       # 128-key blocks: still 4 warps, 32 keys each
+    assert key_chunks(16, 64, 32, gated=False) == 2       # 32-key blocks: 2 chunks
+    assert key_chunks(16, 64, 16, gated=False) == 1       # 16-key blocks: nothing to split
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
+    idx = torch.zeros(7, 2, 4, dtype=torch.int32)
+    args = (q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV), cfg.slc_block, cfg.window)
+    with pytest.raises(ValueError, match="key_split needs the lazy softmax"):
+        nsa_verify(*args, group_size=4, key_split=True)   # 16-key blocks
+    with pytest.raises(ValueError, match="key_split needs the lazy softmax"):
+        nsa_verify(*args, group_size=4, key_split=True, lazy=False)
+
+
+def test_verify_folded_merge_counters_are_left_zero_and_reused():
+    """The folded split merge counts arrivals in caller-owned counters: every call leaves them at zero,
+    so one buffer serves consecutive calls (layers) with other inputs; a buffer too small is refused."""
+    from ssv.ops.nsa.verify import num_counters
+    cfg = NSAConfig(**{**CFG, "gating": "gated"})
+    P, N, hkv, G, C = 150, 9, 2, 3, 2
+    cnt = torch.zeros(num_counters(N, hkv * G, hkv, C), dtype=torch.int32, device=DEV)
+    assert cnt.numel() == 5 * 2
+    for seed in (50, 51, 52):
+        q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, 16, DTYPES[0], cfg)
+        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+        o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
+                             ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=C,
+                             gates=gates.to(DEV), o_cmp=ref.o_cmp.to(DEV), out=torch.full_like(q, float("nan")).to(DEV),
+                             n_split=2 + seed % 2, fold=True, counters=cnt, tune=False)
+        assert rel_err(o, ref.o) < tol(DTYPES[0])
+        assert int(cnt.abs().sum()) == 0
+    with pytest.raises(ValueError, match="counters must be 10"):
+        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), ref.block_indices.to(DEV),
+                   cfg.slc_block, cfg.window, group_size=C, n_split=2, fold=True, counters=cnt[:9])
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on purpose: exp2 overflow, inf * 0
 @pytest.mark.parametrize("gating, extreme", [("union", "overflow"), ("gated", "overflow"), ("gated", "underflow")])
 def test_verify_lazy_softmax_falls_back_when_exp2_leaves_range(gating, extreme):
@@ -182,11 +313,13 @@ def test_verify_edge_cases(name, gating, n_split):
     tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
     lazy = seed % 3 != 0                       # and the online softmax in a third of the cases
     block_major = not approx and (seed % 2 == 1 or seed in (10, 18))
+    window_group = 16 if seed in (8, 16) else None     # the window pass: C = 8, windows 0 and 20
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
                                  out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, tma=tma,
-                                 max_rows=max_rows, tune=False, lazy=lazy, block_major=block_major)
+                                 max_rows=max_rows, tune=False, lazy=lazy, block_major=block_major,
+                                 window_group=window_group)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
     assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
     if gated:

@@ -58,6 +58,52 @@ def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i
 
 
 @triton.jit
+def _lazy_kw(p_it, i_k, n_it, NSPLIT, o_qb, b_q, b_ref, b_pos, kbase, vbase, k_desc, v_desc, i_h, P, W, s_kt,
+             BM: tl.constexpr, BS: tl.constexpr, KW: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
+             GATED: tl.constexpr):
+    # The lazy loop with each tile's keys cut into KW chunks, chunk w computed by warp w (a batched
+    # dot puts the batch on the warps): a warp's scores stay in the registers its P·V dot reads, and
+    # the only cross-warp step is one sum of the KW partial accumulators after the loop. The 2-D loop
+    # splits the tile's columns across warps instead, so every iteration passes P through shared
+    # memory behind barriers. Returns the 2-D (sum, acc) of both branches.
+    BK: tl.constexpr = BS // KW
+    o_kt = tl.arange(0, BS).reshape(KW, BK)
+    o_ks = o_kt[:, None, :]                                # [KW, 1, BK] a score column's key
+    o_d = tl.arange(0, D)
+    b_q3 = tl.broadcast_to(b_q[None, :, :], (KW, BM, D))   # [KW, BM, D]
+    b_r3 = b_ref[None, :, None]
+    b_lp1 = tl.zeros([KW, BM, BK], tl.float32)
+    b_lp2 = tl.zeros([KW, BM, BK], tl.float32)
+    b_a1 = tl.zeros([KW, BM, D], tl.float32)
+    b_a2 = tl.zeros([KW, BM, D], tl.float32)
+    for it in range(i_k, n_it, NSPLIT):
+        j = tl.load(p_it + 2 * it)
+        member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[None, :, None]
+        if TMA:
+            b_k = k_desc.load([i_h, j * BS, 0]).reshape(KW, BK, D)
+            b_v = v_desc.load([i_h, j * BS, 0]).reshape(KW, BK, D)
+        else:
+            o_t3 = j * BS + o_kt[:, :, None]
+            p_t = o_t3.to(tl.int64) * s_kt + o_d[None, None, :]
+            b_k = tl.load(kbase + p_t, mask=o_t3 < P, other=0.0)
+            b_v = tl.load(vbase + p_t, mask=o_t3 < P, other=0.0)
+        b_s = tl.dot(b_q3, tl.permute(b_k, (0, 2, 1)), input_precision="ieee")  # [KW, BM, BK]
+        o_t = j * BS + o_ks
+        m_t = o_t < P
+        b_x = tl.exp2(b_s - b_r3)
+        if GATED:
+            b_p1 = tl.where(member & m_t, b_x, 0.0)
+            b_p2 = tl.where((o_t > (b_pos[None, :, None] - W)) & m_t, b_x, 0.0)
+            b_lp2 += b_p2
+            b_a2 += tl.dot(b_p2.to(b_v.dtype), b_v, input_precision="ieee")
+        else:
+            b_p1 = tl.where((member | (o_t > (b_pos[None, :, None] - W))) & m_t, b_x, 0.0)
+        b_lp1 += b_p1
+        b_a1 += tl.dot(b_p1.to(b_v.dtype), b_v, input_precision="ieee")
+    return tl.sum(tl.sum(b_lp1, 2), 0), tl.sum(b_a1, 0), tl.sum(tl.sum(b_lp2, 2), 0), tl.sum(b_a2, 0)
+
+
+@triton.jit
 def _absorb(b_ls, b_os, b_m, b_l, b_acc):
     # merge a normalized partial (base-2 log-sum-exp b_ls, output b_os) into an online state
     b_mn = tl.maximum(b_m, b_ls)
@@ -109,13 +155,13 @@ def _finish(b_m, b_l, b_acc):
 
 @triton.jit(do_not_specialize=["PB"])
 def nsa_verify_fwd_kernel(
-    q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po,
-    N, P, W, scale, NSPLIT, PB,
+    q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po, cnt,
+    N, P, W, scale, NSPLIT, NU, PB,
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
     GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
-    BMERGE: tl.constexpr, NP: tl.constexpr,
+    BMERGE: tl.constexpr, NP: tl.constexpr, KW: tl.constexpr, FOLD: tl.constexpr, PART: tl.constexpr,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
@@ -135,7 +181,9 @@ def nsa_verify_fwd_kernel(
 
     # Work items: the group's union blocks below the window region, then the window region's
     # block-aligned tiles up to P; KV split i_k takes every NSPLIT-th item.
-    if BMERGE:  # the block-major pass took every selected block below the step's window region
+    # PART 1 / 2 (the window pass, `window_group`): the union below the step's window region in
+    # groups of C, then that region and the tree in larger groups, merging the first launch's states
+    if BMERGE or PART > 0:  # another pass took every selected block below the step's window region
         minpos = tl.min(tl.load(pos + tl.arange(0, NP), mask=tl.arange(0, NP) < N, other=1 << 30))
     else:
         minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
@@ -146,7 +194,7 @@ def nsa_verify_fwd_kernel(
     # ranked by a prefix sum; no sort and no extra launch.
     o_eq, b_e, m_e = _entries(blk, i_g * C, N, i_h, s_bn, s_bh, CQ, NSEL, NSELP)
     m_first = m_e & (b_e < lim)
-    if BMERGE:  # no union items: they are the block-major pass's
+    if BMERGE or PART == 2:  # no union items: they are another pass's
         m_first = m_first & (b_e < 0)
     # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group)
     b_bits = tl.zeros([CE], tl.int32)
@@ -160,6 +208,8 @@ def nsa_verify_fwd_kernel(
     b_rank = tl.where(m_first, b_rank, -1)
     n_a = tl.sum(m_first.to(tl.int32))
     n_w = tl.maximum(tl.cdiv(P - lim * BS, BS), 0)
+    if PART == 1:
+        n_w = 0
     o_t0 = tl.arange(0, BS)
     kbase = k + i_h * s_kh
     vbase = v + i_h * s_kh
@@ -174,10 +224,15 @@ def nsa_verify_fwd_kernel(
     # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
     # partly outside that query's window), 16 tiles at a time so a long window stays small
     o_w = tl.arange(0, 16)
+    # b_any: the queries with a selected block among the items (whose empty selected branch is no
+    # underflow)
+    b_any = tl.reduce(tl.where(m_first, b_bits, 0), 0, _or)
     for w0 in range(0, n_w, 16):
         m_w = w0 + o_w < n_w
+        b_wb = tl.where(m_w, _bits(b_e, o_eq, lim + w0 + o_w), 0)
         tl.store(p_it + 2 * (n_a + w0 + o_w), lim + w0 + o_w, mask=m_w)
-        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, _bits(b_e, o_eq, lim + w0 + o_w), mask=m_w)
+        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, b_wb, mask=m_w)
+        b_any = b_any | tl.reduce(b_wb, 0, _or)
     # and the bits of the blocks the step's new tokens fall in, P // BS + u
     o_u = tl.arange(0, NTB)
     tl.store(p_it + 2 * (CE + NWP) + o_u, _bits(b_e, o_eq, P // BS + o_u))
@@ -190,29 +245,39 @@ def nsa_verify_fwd_kernel(
         # which the sums show: then the program redoes the prefix with the online softmax.
         p_self = (P + o_qi64)[:, None] * s_kt + o_d[None, :]
         b_ref = tl.sum(b_q.to(tl.float32) * tl.load(kbase + p_self, mask=m_r[:, None], other=0.0).to(tl.float32), 1)
-        b_lp1 = tl.zeros([BM, BS], tl.float32)
-        b_lp2 = tl.zeros([BM, BS], tl.float32)
-        for it in range(i_k, n_a + n_w, NSPLIT):
-            b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
-                                           i_h, P, W, s_kt, BS, D, TMA)
-            b_x = tl.exp2(b_s - b_ref[:, None])
-            if GATED:
-                b_p1 = tl.where(m_sel, b_x, 0.0)
-                b_p2 = tl.where(m_win, b_x, 0.0)
-                b_lp2 += b_p2
-                b_a2 += tl.dot(b_p2.to(b_v.dtype), b_v, input_precision="ieee")
-            else:
-                b_p1 = tl.where(m_sel | m_win, b_x, 0.0)
-            b_lp1 += b_p1
-            b_a1 += tl.dot(b_p1.to(b_v.dtype), b_v, input_precision="ieee")
-        b_l1 = tl.sum(b_lp1, 1)
-        b_l2 = tl.sum(b_lp2, 1)
-        ok = (b_l1 >= 5.4e-20) & (b_l1 <= 1.2e30)  # 2^-64, 2^100
+        if KW > 1:
+            b_l1, b_a1, b_l2, b_a2 = _lazy_kw(p_it, i_k, n_a + n_w, NSPLIT, o_qb, b_q, b_ref, b_pos, kbase, vbase,
+                                              k_desc, v_desc, i_h, P, W, s_kt, BM, BS, KW, D, TMA, GATED)
+        else:
+            b_lp1 = tl.zeros([BM, BS], tl.float32)
+            b_lp2 = tl.zeros([BM, BS], tl.float32)
+            for it in range(i_k, n_a + n_w, NSPLIT):
+                b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
+                                               i_h, P, W, s_kt, BS, D, TMA)
+                b_x = tl.exp2(b_s - b_ref[:, None])
+                if GATED:
+                    b_p1 = tl.where(m_sel, b_x, 0.0)
+                    b_p2 = tl.where(m_win, b_x, 0.0)
+                    b_lp2 += b_p2
+                    b_a2 += tl.dot(b_p2.to(b_v.dtype), b_v, input_precision="ieee")
+                else:
+                    b_p1 = tl.where(m_sel | m_win, b_x, 0.0)
+                b_lp1 += b_p1
+                b_a1 += tl.dot(b_p1.to(b_v.dtype), b_v, input_precision="ieee")
+            b_l1 = tl.sum(b_lp1, 1)
+            b_l2 = tl.sum(b_lp2, 1)
+        # a sum in [2^-64, 2^100], or 0 for a branch with nothing visible among the items: a row
+        # selected none of their blocks, its window lies past them (or in the tree)
+        sel_vis = ((b_any >> o_qb) & 1) != 0
+        win_vis = (W > 0) & (b_pos - W + 1 < P) & (n_w > 0)
         if GATED:
-            ok = ok & (b_l2 >= 5.4e-20) & (b_l2 <= 1.2e30)
+            ok = ((b_l1 >= 5.4e-20) & (b_l1 <= 1.2e30)) | ((b_l1 == 0) & ~sel_vis)
+            ok = ok & (((b_l2 >= 5.4e-20) & (b_l2 <= 1.2e30)) | ((b_l2 == 0) & ~win_vis))
+        else:
+            ok = ((b_l1 >= 5.4e-20) & (b_l1 <= 1.2e30)) | ((b_l1 == 0) & ~(sel_vis | win_vis))
         n_redo = tl.sum(tl.where(m_r & ~ok, 1, 0))
-        b_m1 = b_ref
-        b_m2 = b_ref
+        b_m1 = tl.where(b_l1 > 0, b_ref, float("-inf"))  # an empty state's max is -inf, as the merges expect
+        b_m2 = tl.where(b_l2 > 0, b_ref, float("-inf"))
     if n_redo > 0:
         b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
         for it in range(i_k, n_a + n_w, NSPLIT):
@@ -225,7 +290,7 @@ def nsa_verify_fwd_kernel(
                 b_m1, b_l1, b_a1 = _online(b_s, m_sel | m_win, b_v, b_m1, b_l1, b_a1)
 
     # the step's new tokens, seen only along each query's own path (KV split 0)
-    if i_k == 0:
+    if i_k == 0 and PART != 1:
         for n0 in range(0, N, BT):
             o_n = n0 + tl.arange(0, BT)
             m_n = o_n < N
@@ -263,9 +328,10 @@ def nsa_verify_fwd_kernel(
                 b_ls = tl.load(plse + p_s, mask=m_s, other=float("-inf"))
                 b_os = tl.load(po + p_s[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0).to(tl.float32)
                 b_m1, b_l1, b_a1 = _absorb(b_ls, b_os, b_m1, b_l1, b_a1)
-    if SPLIT:
-        # partial softmax states, merged by nsa_verify_combine_kernel
-        p_w = (i_k * N * HQ + p_l) * 2
+    if SPLIT or PART > 0:
+        # partial softmax states, merged by nsa_verify_combine_kernel or a folded merge; a window
+        # pass's follow the union pass's NU
+        p_w = ((NU + i_k) * N * HQ + p_l) * 2
         tl.store(ws_m + p_w, b_m1, mask=m_r)
         tl.store(ws_l + p_w, b_l1, mask=m_r)
         tl.store(ws_a + p_w[:, None] * D + o_d[None, :], b_a1, mask=m_r[:, None])
@@ -273,8 +339,43 @@ def nsa_verify_fwd_kernel(
             tl.store(ws_m + p_w + 1, b_m2, mask=m_r)
             tl.store(ws_l + p_w + 1, b_l2, mask=m_r)
             tl.store(ws_a + (p_w + 1)[:, None] * D + o_d[None, :], b_a2, mask=m_r[:, None])
+        if FOLD or PART == 2:
+            # The last of the (group, head, row split)'s KV splits to finish merges them all, so
+            # no second launch: the barrier puts every thread's partial stores before the counter's
+            # release, the acquire puts the others' before the loads (.cg: past this SM's L1), and
+            # the last program leaves the counter at zero for the next launch.
+            tl.debug_barrier()
+            p_c = cnt + (i_g * tl.num_programs(1) + i_h) * (tl.num_programs(2) // NSPLIT) + i_s
+            if tl.atomic_add(p_c, 1, sem="acq_rel", scope="gpu") == NSPLIT - 1:
+                tl.store(p_c, 0)
+                p_w0 = p_l * 2
+                b_m1, b_l1, b_a1 = _gather(ws_m, ws_l, ws_a, p_w0, m_r, o_d, N * HQ * 2, NU + NSPLIT, BM, D)
+                if GATED:
+                    b_m2, b_l2, b_a2 = _gather(ws_m, ws_l, ws_a, p_w0 + 1, m_r, o_d, N * HQ * 2, NU + NSPLIT, BM, D)
+                _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
     else:
         _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)
+
+
+@triton.jit
+def _gather(ws_m, ws_l, ws_a, p_w, m_r, o_d, s_split, NSPLIT, BM: tl.constexpr, D: tl.constexpr):
+    # the KV splits' partial states of BM rows (slots p_w [BM], one split every s_split slots) merged
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    for i_k in range(NSPLIT):
+        p_s = p_w + i_k * s_split
+        b_ms = tl.load(ws_m + p_s, mask=m_r, other=float("-inf"), cache_modifier=".cg")
+        b_ls = tl.load(ws_l + p_s, mask=m_r, other=0.0, cache_modifier=".cg")
+        b_as = tl.load(ws_a + p_s[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0, cache_modifier=".cg")
+        b_mn = tl.maximum(b_m, b_ms)
+        b_mx = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_alpha = tl.exp2(b_m - b_mx)
+        b_beta = tl.exp2(b_ms - b_mx)
+        b_l = b_l * b_alpha + b_ls * b_beta
+        b_a = b_a * b_alpha[:, None] + b_as * b_beta[:, None]
+        b_m = b_mn
+    return b_m, b_l, b_a
 
 
 @triton.jit
@@ -303,15 +404,38 @@ def _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, l
 # a run is not reproducible: in the 60-case matrix of dcbd9d3 (kernels.json), tuned while another process
 # compiled on the same host, exact C = 4 at Llama 64K / 64 ran 56 us against 34 us at the table's config.
 # The kernel only writes its outputs and its own scratch, so re-running it while tuning is harmless.
-def launch_config(bm: int, d: int, approx: bool) -> dict:
+def launch_config(bm: int, d: int, approx: bool, kw: int = 1) -> dict:
     """The default (untuned) launch of the verify kernel for BM-row tiles of head dim d. Tiles larger
-    than any measured (128 rows at d = 128: GQA groups of 8+) keep 2 stages for shared memory."""
+    than any measured (128 rows at d = 128: GQA groups of 8+) keep 2 stages for shared memory. With
+    key chunks (kw > 1) there is one warp per chunk."""
+    if kw > 1:
+        return dict(num_warps=kw, num_stages=3)
     return dict(num_warps=8 if not approx and bm * d >= 8192 else 4, num_stages=3 if bm * d <= 8192 else 2)
+
+
+KEY_SPLIT_DEFAULT = False
+FOLD_DEFAULT = False
+WINDOW_GROUP_DEFAULT = 0
+
+
+def num_counters(n: int, hq: int, hkv: int, group_size: int, max_rows: int = 128) -> int:
+    """Arrival counters a folded split merge uses: one per (query group, KV head, row split)."""
+    rows = group_size * (hq // hkv)
+    return triton.cdiv(n, group_size) * hkv * triton.cdiv(rows, min(pow2(rows), pow2(max_rows)))
+
+
+def key_chunks(bm: int, d: int, slc_block: int, gated: bool) -> int:
+    """Key chunks per K/V tile for the lazy loop's key split (1: not possible): one warp per chunk
+    of 16 keys or more (the bf16 mma's k), at most 4 warps, tiles of at most 16 rows, and each
+    warp's own accumulators (rows x head dim x branches fp32) within 4096 elements, 128 registers a
+    thread (compiled for sm_90: 32 rows x 128 spill; 16 x 128 x 2 branches take all 255 registers)."""
+    kw = min(4, slc_block // 16)
+    return kw if kw > 1 and bm <= 16 and bm * d * (1 + gated) <= 4096 else 1
 
 
 TUNE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=st) for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
 nsa_verify_fwd_tuned = triton.autotune(TUNE_CONFIGS, key=["C", "G", "D", "BM", "NSEL", "BT", "GATED", "APPROX",
-                                                          "SPLIT", "TMA", "LAZY", "BMERGE", "PB"])(nsa_verify_fwd_kernel)
+                                                          "SPLIT", "TMA", "LAZY", "BMERGE", "KW", "FOLD", "PART", "PB"])(nsa_verify_fwd_kernel)
 
 
 @triton.jit
@@ -352,7 +476,9 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                out: Optional[torch.Tensor] = None, max_rows: int = 128, n_split: Optional[int] = None,
                tune: Optional[bool] = None, launch: Optional[dict] = None, tma: Optional[bool] = None,
-               lazy: Optional[bool] = None, block_major: bool = False, bm_plan=None):
+               lazy: Optional[bool] = None, block_major: bool = False, bm_plan=None,
+               key_split: Optional[bool] = None, fold: Optional[bool] = None,
+               counters: Optional[torch.Tensor] = None, window_group: Optional[int] = None):
     """Selected + window attention of N queries (see module docstring).
 
     q [N, Hq, D]; k, v [Hkv, L, D]; positions [N] int; tree_mask [N, N] (bool/uint8); block_indices
@@ -375,6 +501,17 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     head, only its selecting rows computed) and this kernel covers the window region and the tree,
     absorbing those partials. bm_plan: a `verify_bm.BlockMajorPlan` of these selections (a refresh
     layer's, for the layers that reuse them); None: built here.
+    key_split (lazy only): each K/V tile's keys cut into one chunk per warp (`key_chunks`), so no
+    per-iteration exchange between warps. Default: `KEY_SPLIT_DEFAULT` where `key_chunks` allows it.
+    fold (with KV splits): the last split of each program group to finish merges the splits itself,
+    instead of a second launch (`nsa_verify_combine_kernel`). Default: `FOLD_DEFAULT`. counters: its
+    int32 arrival counters, `num_counters(...)` of them, zero before the call and left zero by it, so
+    a plan allocates them once for every layer; None: allocated (zeroed) here.
+    window_group (exact mode): two launches instead of one. The first walks each C-query group's
+    union below the step's window region; the second walks that region (every query's window lies
+    in it) and the tree in groups of window_group queries, and merges the first's partial states:
+    the window, read by every group, is read by C / window_group as many programs. Default:
+    `WINDOW_GROUP_DEFAULT` where it is above C (0: one launch).
     """
     q = q.contiguous()
     n, hq, d = q.shape
@@ -391,45 +528,56 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     lse_b = torch.empty_like(lse_a)
     if n == 0:
         return out, lse_a, lse_b
-    rows = group_size * g
-    bm = min(pow2(rows), pow2(max_rows))
     nsel = block_indices.shape[-1]
     # no conversions when the plan already holds these dtypes: a layer's run is the launch alone
     tm = (tree_mask if tree_mask.dtype == torch.uint8 else tree_mask.to(torch.uint8)).contiguous()
     bi = (block_indices if block_indices.dtype in (torch.int32, torch.int64) else block_indices.int()).contiguous()
     pos = (positions if positions.dtype in (torch.int32, torch.int64) else positions.int()).contiguous()
-    cq = 1 if approx else group_size  # queries whose selections make the group's union
     gt = gates.float().contiguous() if gated else lse_a
     oc = o_cmp.float().contiguous() if gated else lse_a
-    ng, nrs = triton.cdiv(n, group_size), triton.cdiv(rows, bm)
-    if n_split is None:
+    if block_major and approx:
+        raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
+    wg = (WINDOW_GROUP_DEFAULT if group_size < WINDOW_GROUP_DEFAULT and not (approx or block_major) else 0) \
+        if window_group is None else int(window_group)
+    if wg and (wg not in (2, 4, 8, 16) or wg <= group_size or approx or block_major):
+        raise ValueError(f"window_group must be 2, 4, 8 or 16 and above group_size ({group_size}), in exact mode "
+                         f"without block_major; got {wg}")
+    kw = key_chunks(min(pow2(group_size * g), pow2(max_rows)), d, slc_block, gated) if lazy else 1
+    if key_split is None:
+        key_split = KEY_SPLIT_DEFAULT
+    elif key_split and kw == 1:
+        raise ValueError(f"key_split needs the lazy softmax and a tile of at most 16 rows whose accumulators fit "
+                         f"a warp (rows x head dim x branches <= 4096; here {group_size * g} rows, d = {d}, "
+                         f"{1 + gated} branch(es), {slc_block}-key blocks)")
+    tune = q.is_cuda and bool(tune)  # the interpreter has nothing to time
+    sms = sm_count(q.device)
+
+    def splits(C, work):
         # flash-decoding style: about three programs per SM (the occupancy of the 16-row variants;
         # H200, Llama 64K / 64 queries, C = 4: 2 splits 33.6 us, 3 splits 30.6, 4 splits 38.4), at
         # least ~2 tiles each
-        sms = sm_count(q.device)
-        work = min(cq * nsel, -(-prefix_len // slc_block)) + window // slc_block + 2
-        n_split = max(1, min(16, (3 * sms) // (ng * hkv * nrs), work // 2))
-    split = n_split > 1
-    # partial softmax states of the KV splits (two branches per row for gated NSA); unused unsplit
-    n_ws = n_split * n * hq * 2 if split else 1
+        programs = triton.cdiv(n, C) * hkv * triton.cdiv(C * g, min(pow2(C * g), pow2(max_rows)))
+        return n_split if n_split is not None else max(1, min(16, (3 * sms) // programs, work // 2))
+    n_blocks = -(-prefix_len // slc_block)
+    if wg:  # the union below the step's window region, then the window region and the tree
+        passes = [(1, group_size, splits(group_size, min(group_size * nsel, n_blocks))),
+                  (2, wg, splits(wg, window // slc_block + 2))]
+    else:
+        cq = 1 if approx else group_size
+        passes = [(0, group_size, splits(group_size, min(cq * nsel, n_blocks) + window // slc_block + 2))]
+    n_parts = sum(s for _, _, s in passes)
+    fold = passes[0][2] > 1 and (FOLD_DEFAULT if fold is None else bool(fold)) and not wg
+    n_cnt = num_counters(n, hq, hkv, passes[-1][1], max_rows) if fold or wg else 1
+    if counters is None:
+        counters = torch.zeros(n_cnt, device=q.device, dtype=torch.int32)
+    elif counters.dtype != torch.int32 or counters.numel() < n_cnt or counters.device != q.device:
+        raise ValueError(f"counters must be {n_cnt}+ int32 zeros on {q.device}, got {counters.numel()} "
+                         f"{counters.dtype} on {counters.device}")
+    # partial softmax states of the KV splits and passes (two branches per row for gated NSA)
+    n_ws = n_parts * n * hq * 2 if n_parts > 1 else 1
     ws_m = torch.empty(n_ws, device=q.device, dtype=torch.float32)
     ws_l = torch.empty_like(ws_m)
-    ws_a = torch.empty(n_ws * d if split else 1, device=q.device, dtype=torch.float32)
-    tune = q.is_cuda and bool(tune)  # the interpreter has nothing to time
-    if launch is None:  # an explicit launch config (num_warps, num_stages) is for probes; it skips tuning
-        launch = dict() if tune else launch_config(bm, d, approx)
-    else:
-        tune = False
-    nsp, ce = pow2(nsel, 1), cq * pow2(nsel, 1)
-    # bounds the window tiles of a group (its scratch); block-major's region starts at the step's
-    # lowest window, up to N positions below the group's
-    nwp = -(-(window + slc_block + (n if block_major else 0)) // slc_block)
-    if block_major and approx:
-        raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
-    grid = (ng, hkv, nrs * n_split)
-    # per program: the (block, query bits) work list; written and read by that program only
-    ntb = pow2(-(-n // slc_block) + 1)
-    items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (ce + nwp) + ntb), device=q.device, dtype=torch.int32)
+    ws_a = torch.empty(n_ws * d if n_parts > 1 else 1, device=q.device, dtype=torch.float32)
     # TMA wants 16-byte aligned bases and row strides
     aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
                   and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v))
@@ -452,17 +600,35 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         plse, po = block_major_partials(q, k, v, bm_plan, scale, descs=(kd, vd) if tma else None)
     else:
         plse, po = lse_a, lse_a
-    (nsa_verify_fwd_tuned if tune else nsa_verify_fwd_kernel)[grid](
-        q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po,
-        n, int(prefix_len), int(window), float(scale), n_split, int(prefix_len).bit_length(),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
-        G=g, C=group_size, CQ=cq, CE=ce, BM=bm, D=d, BS=slc_block, NSEL=nsel,
-        NSELP=nsp, BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx), SPLIT=split,
-        TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major), NP=pow2(n, 1), **launch,
-    )
-    if split:
-        nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_split, hq,
-                                             NSP=pow2(n_split), D=d, GATED=gated, num_warps=1)
+    nsp = pow2(nsel, 1)
+    # bounds the window tiles of a group (its scratch); a region starting at the step's lowest
+    # window (block-major, the window pass) starts up to N positions below the group's
+    nwp = -(-(window + slc_block + (n if block_major or wg else 0)) // slc_block)
+    ntb = pow2(-(-n // slc_block) + 1)
+    nu = 0
+    for part, C, S in passes:
+        cq = 1 if approx else C
+        rows = C * g
+        bm = min(pow2(rows), pow2(max_rows))
+        kw_p = (key_chunks(bm, d, slc_block, gated) if lazy else 1) if key_split else 1
+        cfg = launch if launch is not None else dict() if tune else launch_config(bm, d, approx, kw_p)
+        grid = (triton.cdiv(n, C), hkv, triton.cdiv(rows, bm) * S)
+        # per program: the (block, query bits) work list; written and read by that program only
+        items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (cq * nsp + nwp) + ntb), device=q.device,
+                            dtype=torch.int32)
+        (nsa_verify_fwd_tuned if tune and launch is None else nsa_verify_fwd_kernel)[grid](
+            q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po, counters,
+            n, int(prefix_len), int(window), float(scale), S, nu, int(prefix_len).bit_length(),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
+            G=g, C=C, CQ=cq, CE=cq * nsp, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=nsp,
+            BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx),
+            SPLIT=S > 1, TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major), NP=pow2(n, 1), KW=kw_p,
+            FOLD=fold, PART=part, **cfg,
+        )
+        nu += S
+    if n_parts > 1 and not fold and not wg:
+        nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, n_parts, hq,
+                                             NSP=pow2(n_parts), D=d, GATED=gated, num_warps=1)
     return out, lse_a, lse_b
 
 
