@@ -100,7 +100,9 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
 def launcher(c, C, approx, n_split, warps, stages, extra):
     import ssv.ops.nsa.verify as V
     out = torch.empty_like(c["q"])
-    extra = {"lazy": False, **extra}  # variant names say "lazy" where it is on, whatever the default
+    # variant names say "lazy" and "fold" where they are on, whatever the defaults; "defaults" variants
+    # (no warps given) take the defaults
+    extra = {**({} if warps is None else {"lazy": False, "fold": False}), **extra}
     if extra.get("bm_plan") in ("reuse", "only"):  # a refresh layer's plan, built once here
         from ssv.ops.nsa.verify_bm import block_major_plan
         g = c["q"].shape[1] // c["k"].shape[0]
@@ -111,10 +113,9 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
             return plan, None
         extra = {**extra, "bm_plan": plan()}
 
-    if extra.get("fold") or extra.get("window_group"):  # the plan's counters, zeroed once (a zeroing per call would be timed)
-        q = c["q"]
-        extra = {**extra, "counters": torch.zeros(V.num_counters(q.shape[0], q.shape[1], c["k"].shape[0], 1),
-                                                  device=q.device, dtype=torch.int32)}
+    q = c["q"]  # the plan's counters for folded merges, zeroed once (a zeroing per call would be timed)
+    extra = {**extra, "counters": torch.zeros(V.num_counters(q.shape[0], q.shape[1], c["k"].shape[0], 1),
+                                              device=q.device, dtype=torch.int32)}
 
     launch = None if warps is None else dict(num_warps=warps, num_stages=stages)  # None: the default table
 

@@ -2,9 +2,13 @@
 # One device call of a kernel session on a 2-GPU machine (device kind nvidia-h200-x2). Send the same
 # call again, chained (the machine warm, state in /tmp/ssv-session), until the log says the matrix is
 # complete; each call stops itself after BUDGET seconds (default 540) and copies what it has to $OUT.
-#   GPU 0: the kernel tests (once), the launch-variant probe (once), the real-routing traces (once all
-#          three GGUF parts have arrived), then cases of the matrix
-#   GPU 1: cases of the matrix, once the tests are done (nothing is timed while 8 workers compile)
+#   first, once: a smoke test of the default launch on GPU 0 (a broken default stops the call in
+#          seconds, not after the matrix's minutes)
+#   GPU 0: the kernel tests (once), the launch-variant probe (once, PROBE_VARIANTS), the real-routing
+#          traces (once all three GGUF parts have arrived), strict/sd-naive against ar on the default
+#          model with the shipped head (`ssv bench spec`, once, after the traces), then matrix cases
+#   GPU 1: cases of the matrix from the start (timings are CUDA-graph replays, and no launch is
+#          autotuned by default, so compiles beside them cost only compile time)
 # The two processes share the matrix (`ssv bench kernels --claims`), each writing its own kernels.json;
 # `ssv bench kernels --merge` joins them here afterwards.
 # Carry .whl and one GGUF part per call (.stage/draft/gguf.part0, then part1, then part2 with
@@ -23,6 +27,11 @@ export SSV_COMMIT=${SSV_COMMIT:-unknown}
 for f in .stage/draft/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 rm -rf "$S/claims"  # a case cut off by the last call's time limit is claimable again
+if [ ! -f "$S/smoke.done" ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest tests/ops/test_nsa_kernels.py -q -p no:cacheprovider \
+        -k "occupancy or (matches_reference and case3-gated-dtype0-3-tma)" || { echo "smoke test failed"; exit 3; }
+    touch "$S/smoke.done"
+fi
 
 bench() {  # $1: this process's folder, $2: the other's
     timeout "$(left)" python3 -c "import sys; from ssv.cli import main; sys.exit(main())" bench kernels \
@@ -40,7 +49,8 @@ gpu0() {
         touch "$S/tests.done"
     fi
     if [ ! -f "$S/probe.done" ]; then
-        timeout "$(left)" python3 scripts/gpu_probe.py time > "$S/probe.txt" 2>&1 && touch "$S/probe.done"
+        timeout "$(left)" python3 scripts/gpu_probe.py time ${PROBE_VARIANTS:+"$PROBE_VARIANTS"} > "$S/probe.txt" 2>&1 \
+            && touch "$S/probe.done"
         cat "$S/probe.txt"
     fi
     if [ ! -f "$S/traces.done" ] && [ -f /tmp/stage/gguf.part0 ] && [ -f /tmp/stage/gguf.part1 ] \
@@ -49,12 +59,17 @@ gpu0() {
         OUT="$S/traces" timeout "$(left)" bash scripts/gpu_traces.sh > "$S/traces.log" 2>&1 && touch "$S/traces.done"
         tail -40 "$S/traces.log"
     fi
+    if [ -f "$S/traces.done" ] && [ ! -f "$S/spec.done" ]; then
+        mkdir -p "$S/spec"
+        HEAD_DIR=ssv/data/eagle3-smollm2 OUT="$S/spec" timeout "$(left)" bash scripts/train_draft_gpu.sh spec \
+            --modes "ssv strict" sd-naive > "$S/spec.log" 2>&1 && touch "$S/spec.done"
+        tail -30 "$S/spec.log"
+    fi
     bench "$S/bench0" "$S/bench1"
 }
 
 gpu1() {
     export CUDA_VISIBLE_DEVICES=1
-    while [ ! -f "$S/tests.done" ] && [ "$(left)" -gt 1 ]; do sleep 2; done
     bench "$S/bench1" "$S/bench0"
 }
 

@@ -84,6 +84,7 @@ def test_bench_kernels_needs_cuda(capsys):
 
 def test_cases_cross_and_axes():
     assert cases([8, 16], [4, 64]) == [(8, 4), (8, 64), (16, 4), (16, 64)]
+    assert cases([8192, 65536], [4, 64]) == [(65536, 64), (8192, 4), (8192, 64), (65536, 4)]  # the headline first
     got = cases([8192, 65536, 131072], [4, 64, 128], "axes")
     assert got[0] == (65536, 64) and len(got) == len(set(got)) == 5
     assert set(got) == {(65536, 64), (8192, 64), (131072, 64), (65536, 4), (65536, 128)}

@@ -23,3 +23,24 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_limits(index: int) -> tuple:
+    p = torch.cuda.get_device_properties(index)
+    return (getattr(p, "regs_per_multiprocessor", 65536), getattr(p, "shared_memory_per_multiprocessor", 233472),
+            getattr(p, "max_threads_per_multi_processor", 2048))
+
+
+def ctas_per_sm(n_regs: int, shared: int, num_warps: int, limits=(65536, 233472, 2048)) -> int:
+    """Programs of one compiled kernel that fit on an SM at once (registers allocated per warp in
+    units of 256, 1 KB of shared memory reserved per program), given the SM's (registers, shared
+    bytes, threads); at least 1."""
+    regs, smem, threads = limits
+    per_warp = -(-n_regs * 32 // 256) * 256
+    return max(1, min(regs // max(1, per_warp * num_warps), smem // (shared + 1024), threads // (32 * num_warps), 32))
+
+
+def sm_limits(device: torch.device) -> tuple:
+    """(registers, shared memory bytes, threads) of one SM of a CUDA device, asked once."""
+    return _sm_limits(device.index if device.index is not None else torch.cuda.current_device())

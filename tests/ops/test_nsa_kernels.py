@@ -147,8 +147,7 @@ KEY_SPLIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fold", [False, True])
-@pytest.mark.parametrize("load", ["tma", "pointers"])
+@pytest.mark.parametrize("load, fold", [("tma", False), ("tma", True), ("pointers", True)])
 @pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("case", KEY_SPLIT_CASES)
@@ -224,6 +223,33 @@ def test_verify_window_pass_rejects_what_it_does_not_do(bad):
     with pytest.raises(ValueError, match="window_group must be"):
         nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV), cfg.slc_block,
                    cfg.window, group_size=4, **bad)
+
+
+def test_ctas_per_sm_counts_registers_shared_memory_and_threads():
+    from ssv.ops.utils import ctas_per_sm
+    # the verify kernel's two Llama C = 4 variants compiled for sm_90 (scripts/inspect_verify_ttgir.py):
+    # 168 registers (combine kernel) fit 3 programs of 4 warps, 178 (folded merge) only 2
+    assert ctas_per_sm(168, 70000, 4) == 3
+    assert ctas_per_sm(178, 70000, 4) == 2
+    assert ctas_per_sm(32, 150000, 4) == 1            # shared memory decides
+    assert ctas_per_sm(16, 0, 32) == 2                # threads decide (2048 a SM)
+    assert ctas_per_sm(255, 0, 16, limits=(65536, 233472, 2048)) == 1
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (reads a compiled kernel's registers)")
+def test_verify_occupancy_of_the_compiled_variant():
+    """The default KV splits fill one wave of the programs that fit on an SM, read from the compiled
+    kernel; the result is cached per variant."""
+    from ssv.ops.nsa import verify as V
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(3, 3000, 16, 2, 4, 64, DTYPES[0], cfg)
+    idx = nsa_naive(q.float(), k.float(), v.float(), 3000, pos, mask, cfg).block_indices
+    V._OCCUPANCY.clear()
+    o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 3000, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                         cfg.slc_block, cfg.window, group_size=4)
+    assert len(V._OCCUPANCY) == 1 and 1 <= next(iter(V._OCCUPANCY.values())) <= 32
+    ref = nsa_naive(q.float(), k.float(), v.float(), 3000, pos, mask, cfg, block_indices=idx)
+    assert rel_err(o, ref.o) < tol(DTYPES[0])
 
 
 def test_verify_key_chunks_and_their_errors():

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ssv.ops.utils import pow2, sm_count
+from ssv.ops.utils import ctas_per_sm, pow2, sm_count, sm_limits
 
 
 @triton.jit
@@ -413,9 +413,33 @@ def launch_config(bm: int, d: int, approx: bool, kw: int = 1) -> dict:
     return dict(num_warps=8 if not approx and bm * d >= 8192 else 4, num_stages=3 if bm * d <= 8192 else 2)
 
 
+# This version's three options, measured side by side at fixed launches (H200, Llama 64K / 64 queries,
+# exact C = 4, lazy; bench/results/probe-h200-542b8d1.txt): the folded merge 29.0 us against 31.4 (the
+# combine kernel, same 2 splits) -- the default; the key split 35.9 (219 registers: 2 programs per SM
+# where 3 fit, and no fewer instructions per iteration) and the window pass 67.2 (its 64-row groups
+# are as slow as exact C = 16) -- both opt-in.
 KEY_SPLIT_DEFAULT = False
-FOLD_DEFAULT = False
+FOLD_DEFAULT = True
 WINDOW_GROUP_DEFAULT = 0
+
+
+_OCCUPANCY: dict = {}  # (device, constexprs, launch, folded) -> programs per SM, read once per compiled variant
+
+
+def occupancy(consts, cfg, folded, q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse, n, prefix_len, window, scale):
+    """Programs of this verify variant that fit on an SM at once, from its compiled registers and
+    shared memory (compiled here if needed, with placeholder scratch: the code does not depend on it)."""
+    key = (q.device.index, tuple(sorted(consts.items())), tuple(sorted(cfg.items())), folded)
+    if key not in _OCCUPANCY:
+        i32 = torch.zeros(1, device=q.device, dtype=torch.int32)
+        ck = nsa_verify_fwd_kernel.warmup(
+            q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse, lse, lse, lse, lse, i32, lse, lse, i32,
+            n, int(prefix_len), int(window), float(scale), 2, 0, int(prefix_len).bit_length(),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), q.shape[1],
+            grid=(1,), **consts, SPLIT=True, FOLD=folded, **cfg)
+        ck._init_handles()
+        _OCCUPANCY[key] = ctas_per_sm(ck.n_regs, ck.metadata.shared, ck.metadata.num_warps, sm_limits(q.device))
+    return _OCCUPANCY[key]
 
 
 def num_counters(n: int, hq: int, hkv: int, group_size: int, max_rows: int = 128) -> int:
@@ -550,34 +574,6 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                          f"a warp (rows x head dim x branches <= 4096; here {group_size * g} rows, d = {d}, "
                          f"{1 + gated} branch(es), {slc_block}-key blocks)")
     tune = q.is_cuda and bool(tune)  # the interpreter has nothing to time
-    sms = sm_count(q.device)
-
-    def splits(C, work):
-        # flash-decoding style: about three programs per SM (the occupancy of the 16-row variants;
-        # H200, Llama 64K / 64 queries, C = 4: 2 splits 33.6 us, 3 splits 30.6, 4 splits 38.4), at
-        # least ~2 tiles each
-        programs = triton.cdiv(n, C) * hkv * triton.cdiv(C * g, min(pow2(C * g), pow2(max_rows)))
-        return n_split if n_split is not None else max(1, min(16, (3 * sms) // programs, work // 2))
-    n_blocks = -(-prefix_len // slc_block)
-    if wg:  # the union below the step's window region, then the window region and the tree
-        passes = [(1, group_size, splits(group_size, min(group_size * nsel, n_blocks))),
-                  (2, wg, splits(wg, window // slc_block + 2))]
-    else:
-        cq = 1 if approx else group_size
-        passes = [(0, group_size, splits(group_size, min(cq * nsel, n_blocks) + window // slc_block + 2))]
-    n_parts = sum(s for _, _, s in passes)
-    fold = passes[0][2] > 1 and (FOLD_DEFAULT if fold is None else bool(fold)) and not wg
-    n_cnt = num_counters(n, hq, hkv, passes[-1][1], max_rows) if fold or wg else 1
-    if counters is None:
-        counters = torch.zeros(n_cnt, device=q.device, dtype=torch.int32)
-    elif counters.dtype != torch.int32 or counters.numel() < n_cnt or counters.device != q.device:
-        raise ValueError(f"counters must be {n_cnt}+ int32 zeros on {q.device}, got {counters.numel()} "
-                         f"{counters.dtype} on {counters.device}")
-    # partial softmax states of the KV splits and passes (two branches per row for gated NSA)
-    n_ws = n_parts * n * hq * 2 if n_parts > 1 else 1
-    ws_m = torch.empty(n_ws, device=q.device, dtype=torch.float32)
-    ws_l = torch.empty_like(ws_m)
-    ws_a = torch.empty(n_ws * d if n_parts > 1 else 1, device=q.device, dtype=torch.float32)
     # TMA wants 16-byte aligned bases and row strides
     aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
                   and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v))
@@ -605,25 +601,60 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     # window (block-major, the window pass) starts up to N positions below the group's
     nwp = -(-(window + slc_block + (n if block_major or wg else 0)) // slc_block)
     ntb = pow2(-(-n // slc_block) + 1)
-    nu = 0
-    for part, C, S in passes:
+    n_blocks = -(-prefix_len // slc_block)
+    if wg:  # the union below the step's window region, then the window region and the tree
+        plan = [(1, group_size, min(group_size * nsel, n_blocks)), (2, wg, window // slc_block + 2)]
+    else:
+        plan = [(0, group_size, min((1 if approx else group_size) * nsel, n_blocks) + window // slc_block + 2)]
+    fold = (FOLD_DEFAULT if fold is None else bool(fold)) and not wg
+    sms = sm_count(q.device)
+    passes = []  # (part, C, KV splits, grid, items size, constexprs, launch)
+    for part, C, work in plan:
         cq = 1 if approx else C
         rows = C * g
         bm = min(pow2(rows), pow2(max_rows))
         kw_p = (key_chunks(bm, d, slc_block, gated) if lazy else 1) if key_split else 1
         cfg = launch if launch is not None else dict() if tune else launch_config(bm, d, approx, kw_p)
+        consts = dict(G=g, C=C, CQ=cq, CE=cq * nsp, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=nsp,
+                      BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated,
+                      APPROX=bool(approx), TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major),
+                      NP=pow2(n, 1), KW=kw_p, PART=part)
+        programs = triton.cdiv(n, C) * hkv * triton.cdiv(rows, bm)
+        S = n_split
+        if S is None:
+            # flash-decoding style: as many KV splits as fill one wave of the programs that fit on
+            # an SM at once (read from the compiled kernel: with its ~180 registers the folded
+            # merge fits 2 per SM where the combine kernel's variant fits 3; H200, Llama 64K / 64,
+            # C = 4: 2 splits 29.0 us, 3 splits 37.8), at least ~2 tiles each
+            fit = 3 if tune or not q.is_cuda else occupancy(consts, cfg, fold or part == 2, q, k, v, kd, vd, pos,
+                                                            tm, bi, gt, oc, out, lse_a, n, prefix_len, window, scale)
+            S = max(1, min(16, (fit * sms) // programs, work // 2))
+        consts["SPLIT"] = S > 1
+        consts["FOLD"] = fold and S > 1
         grid = (triton.cdiv(n, C), hkv, triton.cdiv(rows, bm) * S)
+        passes.append((part, C, S, grid, 2 * (cq * nsp + nwp) + ntb, consts, cfg))
+    n_parts = sum(p[2] for p in passes)
+    fold = fold and n_parts > 1
+    n_cnt = num_counters(n, hq, hkv, passes[-1][1], max_rows) if fold or wg else 1
+    if counters is None:
+        counters = torch.zeros(n_cnt, device=q.device, dtype=torch.int32)
+    elif counters.dtype != torch.int32 or counters.numel() < n_cnt or counters.device != q.device:
+        raise ValueError(f"counters must be {n_cnt}+ int32 zeros on {q.device}, got {counters.numel()} "
+                         f"{counters.dtype} on {counters.device}")
+    # partial softmax states of the KV splits and passes (two branches per row for gated NSA)
+    n_ws = n_parts * n * hq * 2 if n_parts > 1 else 1
+    ws_m = torch.empty(n_ws, device=q.device, dtype=torch.float32)
+    ws_l = torch.empty_like(ws_m)
+    ws_a = torch.empty(n_ws * d if n_parts > 1 else 1, device=q.device, dtype=torch.float32)
+    nu = 0
+    for part, C, S, grid, per_program, consts, cfg in passes:
         # per program: the (block, query bits) work list; written and read by that program only
-        items = torch.empty(grid[0] * grid[1] * grid[2] * (2 * (cq * nsp + nwp) + ntb), device=q.device,
-                            dtype=torch.int32)
+        items = torch.empty(grid[0] * grid[1] * grid[2] * per_program, device=q.device, dtype=torch.int32)
         (nsa_verify_fwd_tuned if tune and launch is None else nsa_verify_fwd_kernel)[grid](
             q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po, counters,
             n, int(prefix_len), int(window), float(scale), S, nu, int(prefix_len).bit_length(),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
-            G=g, C=C, CQ=cq, CE=cq * nsp, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=nsp,
-            BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=gated, APPROX=bool(approx),
-            SPLIT=S > 1, TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major), NP=pow2(n, 1), KW=kw_p,
-            FOLD=fold, PART=part, **cfg,
+            **consts, **cfg,
         )
         nu += S
     if n_parts > 1 and not fold and not wg:
