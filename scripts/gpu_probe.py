@@ -84,6 +84,9 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
     # the window pass (two launches: unions below the step's window region, then the region in
     # groups of 8 / 16); both at the default launch table and split heuristic (None)
     ("exact4 lazy defaults", 4, False, None, None, None, dict(lazy=True)),
+    ("naive defaults", 1, False, None, None, None, {}),
+    ("exact4 defaults", 4, False, None, None, None, {}),
+    ("approx4 defaults", 4, True, None, None, None, {}),
     ("exact4 lazy wg16", 4, False, None, None, None, dict(lazy=True, window_group=16)),
     ("exact4 lazy wg8", 4, False, None, None, None, dict(lazy=True, window_group=8)),
     ("exact4 lazy kw wg16", 4, False, None, None, None, dict(lazy=True, key_split=True, window_group=16)),

@@ -502,3 +502,27 @@ def test_verify_default_launch_is_the_fixed_table():
     assert launch_config(64, 128, True)["num_warps"] == 4                     # approximate ones
     assert launch_config(128, 64, False)["num_warps"] == 8
     assert launch_config(128, 128, False) == dict(num_warps=8, num_stages=2)  # unmeasured: the old fallback
+
+
+def test_verify_folds_only_few_splits_by_default(monkeypatch):
+    """Default merge: folded for at most FOLD_MAX_SPLITS KV splits, a combine launch beyond (one
+    program merging many splits measured slower than the launch); fold=True/False override."""
+    from ssv.ops.nsa import verify as V
+    launched = []
+    real = V.nsa_verify_combine_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    monkeypatch.setattr(V, "nsa_verify_combine_kernel", Spy())
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(70, 300, 9, 2, 2, 16, DTYPES[0], cfg)
+    ref = nsa_naive(q.float(), k.float(), v.float(), 300, pos, mask, cfg)
+    for n_split, fold, combine in ((2, None, False), (3, None, True), (3, True, False), (2, False, True)):
+        launched.clear()
+        o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 300, pos.to(DEV), mask.to(DEV),
+                             ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=4,
+                             out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, fold=fold, tune=False)
+        assert bool(launched) == combine, (n_split, fold)
+        assert rel_err(o, ref.o) < tol(DTYPES[0])

@@ -413,13 +413,17 @@ def launch_config(bm: int, d: int, approx: bool, kw: int = 1) -> dict:
     return dict(num_warps=8 if not approx and bm * d >= 8192 else 4, num_stages=3 if bm * d <= 8192 else 2)
 
 
-# This version's three options, measured side by side at fixed launches (H200, Llama 64K / 64 queries,
-# exact C = 4, lazy; bench/results/probe-h200-542b8d1.txt): the folded merge 29.0 us against 31.4 (the
-# combine kernel, same 2 splits) -- the default; the key split 35.9 (219 registers: 2 programs per SM
-# where 3 fit, and no fewer instructions per iteration) and the window pass 67.2 (its 64-row groups
-# are as slow as exact C = 16) -- both opt-in.
+# This version's three options, measured side by side (H200; bench/results/probe-h200-542b8d1.txt at
+# fixed launches, Llama 64K / 64 queries, exact C = 4, lazy; the matrix in kernels.json at 0989fd0):
+# - the folded merge: 29.0 us against 31.4 with the combine kernel (same 2 splits); over the matrix,
+#   folding every split launch (0989fd0's default) was 0.92x the combine kernel (geometric mean of 36
+#   cases): 1.03-1.09x where it needs 2 splits (Llama, 64 queries), down to 0.65x where a program
+#   merges 8-16 splits alone (4-16 queries, nsa-1b). So by default it folds at most FOLD_MAX_SPLITS.
+# - the key split: 35.9 (219 registers: 2 programs per SM where 3 fit, and no fewer instructions per
+#   iteration); 0.80x in the matrix. Opt-in.
+# - the window pass: 67.2 (its 64-row groups are as slow as exact C = 16); 0.36x in the matrix. Opt-in.
 KEY_SPLIT_DEFAULT = False
-FOLD_DEFAULT = True
+FOLD_MAX_SPLITS = 2
 WINDOW_GROUP_DEFAULT = 0
 
 
@@ -528,9 +532,10 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     key_split (lazy only): each K/V tile's keys cut into one chunk per warp (`key_chunks`), so no
     per-iteration exchange between warps. Default: `KEY_SPLIT_DEFAULT` where `key_chunks` allows it.
     fold (with KV splits): the last split of each program group to finish merges the splits itself,
-    instead of a second launch (`nsa_verify_combine_kernel`). Default: `FOLD_DEFAULT`. counters: its
-    int32 arrival counters, `num_counters(...)` of them, zero before the call and left zero by it, so
-    a plan allocates them once for every layer; None: allocated (zeroed) here.
+    instead of a second launch (`nsa_verify_combine_kernel`). Default: when the folded launch needs at
+    most `FOLD_MAX_SPLITS` splits (beyond, one program merging many splits costs more than the launch).
+    counters: its int32 arrival counters, `num_counters(...)` of them, zero before the call and left
+    zero by it, so a plan allocates them once for every layer; None: allocated (zeroed) here.
     window_group (exact mode): two launches instead of one. The first walks each C-query group's
     union below the step's window region; the second walks that region (every query's window lies
     in it) and the tree in groups of window_group queries, and merges the first's partial states:
@@ -606,7 +611,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         plan = [(1, group_size, min(group_size * nsel, n_blocks)), (2, wg, window // slc_block + 2)]
     else:
         plan = [(0, group_size, min((1 if approx else group_size) * nsel, n_blocks) + window // slc_block + 2)]
-    fold = (FOLD_DEFAULT if fold is None else bool(fold)) and not wg
+    auto_fold = fold is None and not wg
+    fold = (True if fold is None else bool(fold)) and not wg
     sms = sm_count(q.device)
     passes = []  # (part, C, KV splits, grid, items size, constexprs, launch)
     for part, C, work in plan:
@@ -620,15 +626,20 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                       APPROX=bool(approx), TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major),
                       NP=pow2(n, 1), KW=kw_p, PART=part)
         programs = triton.cdiv(n, C) * hkv * triton.cdiv(rows, bm)
-        S = n_split
-        if S is None:
+        def n_splits(folded):
             # flash-decoding style: as many KV splits as fill one wave of the programs that fit on
             # an SM at once (read from the compiled kernel: with its ~180 registers the folded
             # merge fits 2 per SM where the combine kernel's variant fits 3; H200, Llama 64K / 64,
             # C = 4: 2 splits 29.0 us, 3 splits 37.8), at least ~2 tiles each
-            fit = 3 if tune or not q.is_cuda else occupancy(consts, cfg, fold or part == 2, q, k, v, kd, vd, pos,
+            if n_split is not None:
+                return n_split
+            fit = 3 if tune or not q.is_cuda else occupancy(consts, cfg, folded or part == 2, q, k, v, kd, vd, pos,
                                                             tm, bi, gt, oc, out, lse_a, n, prefix_len, window, scale)
-            S = max(1, min(16, (fit * sms) // programs, work // 2))
+            return max(1, min(16, (fit * sms) // programs, work // 2))
+        S = n_splits(fold)
+        if auto_fold and S > FOLD_MAX_SPLITS:  # the last split would merge too many: a combine launch
+            fold = False
+            S = n_splits(False)
         consts["SPLIT"] = S > 1
         consts["FOLD"] = fold and S > 1
         grid = (triton.cdiv(n, C), hkv, triton.cdiv(rows, bm) * S)
