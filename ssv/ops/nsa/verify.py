@@ -524,7 +524,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     (Llama 64K / 64: exact C = 4 1.14x, per-query 1.23x, approximate C = 16 0.83x; real routing of the
     default model: exact C = 4 1.13-1.19x); bench/NOTES.md has the autotuned matrix, where the gain
     drowned in tuning noise.
-    block_major (exact mode only; off by default: 0.39x of exact C = 4 on the same matrix): the
+    block_major (exact mode only; off by default: 0.48x of exact C = 4 in the 0989fd0 matrix): the
     selected blocks below the step's window region go through `verify_bm` (each loaded once per KV
     head, only its selecting rows computed) and this kernel covers the window region and the tree,
     absorbing those partials. bm_plan: a `verify_bm.BlockMajorPlan` of these selections (a refresh
