@@ -74,7 +74,7 @@ VERIFY_CASES = [
 
 PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True),
          "online softmax": dict(tma=True, lazy=False), "block-major": dict(tma=True, block_major=True),
-         "folded split merge": dict(tma=True, fold=True), "split merge kernel": dict(tma=True, fold=False)}
+         "folded split merge": dict(tma=True, fold=True)}  # the default with 3 splits is the combine launch
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -85,6 +85,8 @@ PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dic
 def test_verify_matches_reference(case, gating, dtype, n_split, path):
     if dtype == torch.float16 and path != "tma":
         pytest.skip("on the GPU the non-default paths are checked in bf16 only (compile time)")
+    if path == "folded split merge" and n_split == 1:
+        pytest.skip("one split: nothing to merge, the same launch as the default path")
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
