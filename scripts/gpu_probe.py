@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, tile_bytes, unique_bytes
+from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, unique_bytes, work_list_bytes
 from ssv.config import NSAConfig
 from ssv.ops.nsa.verify import nsa_verify
 
@@ -131,14 +131,9 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
 
 def loaded(c, C, approx, window_group=0):
     """K/V bytes the variant's programs load (its work lists; `tile_bytes`), row splits included."""
-    from ssv.ops.utils import pow2
     n, hq, d = c["q"].shape
-    g = hq // c["k"].shape[0]
-
-    def splits(rows):
-        return -(-rows // min(pow2(rows), 128))
-    return tile_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], n, c["cfg"], d, c["k"].element_size(), C, approx,
-                      splits(C * g), window_group, splits(window_group * g))
+    return work_list_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], n, c["cfg"], hq, d, c["k"].element_size(), C,
+                           approx, window_group)
 
 
 def check(c, fn, C, approx):

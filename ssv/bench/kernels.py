@@ -116,6 +116,18 @@ def tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx=False, row_splits=1, windo
     return tiles * bs * d * 2 * elt
 
 
+def work_list_bytes(idx, pos, P, n, cfg, hq, d, elt, C, approx=False, window_group=None):
+    """`tile_bytes` of the launch `nsa_verify` makes for group size C: its default window group
+    unless one is named (0: none), its row splits."""
+    from ssv.ops.nsa.verify import default_window_group, tile_rows
+    g = hq // idx.shape[1]
+    wg = default_window_group(C, approx) if window_group is None else window_group
+
+    def splits(rows):
+        return -(-rows // tile_rows(rows))
+    return tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx, splits(C * g), wg, splits(wg * g))
+
+
 def overlap_of(idx):
     """Mean Jaccard overlap of adjacent queries' selections (over KV heads)."""
     vals = []
@@ -208,14 +220,8 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
                          unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9,
                          loaded_bytes=loads, loaded_tbps=None if ms is None or loads is None else loads / ms / 1e9))
 
-    def loads(C, approx=False, window_group=None):
-        # what the programs read (from L2 or HBM): the verify kernel's work lists
-        from ssv.ops.nsa.verify import WINDOW_GROUP_DEFAULT
-        g = hq // hkv
-        wg = (WINDOW_GROUP_DEFAULT if C < WINDOW_GROUP_DEFAULT and not approx else 0) \
-            if window_group is None else window_group
-        return tile_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt, C, approx, -(-C * g // 128), wg,
-                          -(-wg * g // 128))
+    def loads(C, approx=False, window_group=None):  # what the programs read (from L2 or HBM)
+        return work_list_bytes(idx.cpu(), pos.cpu(), T, N, cfg, hq, d, elt, C, approx, window_group)
 
     add("naive (C=1)", 1, verify(1, False), loads=loads(1, window_group=0))
     # the baseline at its best: flash-decoding KV splits help the per-query kernel too, and so

@@ -17,12 +17,16 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (asked once per device: the launches are per layer);
     4 stands in for the interpreter."""
     if device.type != "cuda":
         return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_index(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,4 +47,4 @@ def ctas_per_sm(n_regs: int, shared: int, num_warps: int, limits=(65536, 233472,
 
 def sm_limits(device: torch.device) -> tuple:
     """(registers, shared memory bytes, threads) of one SM of a CUDA device, asked once."""
-    return _sm_limits(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_limits(_index(device))

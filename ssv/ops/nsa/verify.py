@@ -104,13 +104,20 @@ def _lazy_kw(p_it, i_k, n_it, NSPLIT, o_qb, b_q, b_ref, b_pos, kbase, vbase, k_d
 
 
 @triton.jit
+def _combine(b_m, b_l, b_acc, b_ms, b_ls, b_as):
+    # two softmax states (max or any reference, sum, acc; base-2) of the same rows merged into one;
+    # empty states are (-inf, 0, 0)
+    b_mn = tl.maximum(b_m, b_ms)
+    b_mx = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_alpha = tl.exp2(b_m - b_mx)
+    b_beta = tl.exp2(b_ms - b_mx)
+    return b_mn, b_l * b_alpha + b_ls * b_beta, b_acc * b_alpha[:, None] + b_as * b_beta[:, None]
+
+
+@triton.jit
 def _absorb(b_ls, b_os, b_m, b_l, b_acc):
-    # merge a normalized partial (base-2 log-sum-exp b_ls, output b_os) into an online state
-    b_mn = tl.maximum(b_m, b_ls)
-    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-    b_alpha = tl.exp2(b_m - b_ms)
-    b_w = tl.exp2(b_ls - b_ms)
-    return b_mn, b_l * b_alpha + b_w, b_acc * b_alpha[:, None] + b_os * b_w[:, None]
+    # merge a normalized partial (base-2 log-sum-exp b_ls, output b_os: the state (b_ls, 1, b_os))
+    return _combine(b_m, b_l, b_acc, b_ls, 1.0, b_os)
 
 
 @triton.jit
@@ -368,13 +375,7 @@ def _gather(ws_m, ws_l, ws_a, p_w, m_r, o_d, s_split, NSPLIT, BM: tl.constexpr, 
         b_ms = tl.load(ws_m + p_s, mask=m_r, other=float("-inf"), cache_modifier=".cg")
         b_ls = tl.load(ws_l + p_s, mask=m_r, other=0.0, cache_modifier=".cg")
         b_as = tl.load(ws_a + p_s[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0, cache_modifier=".cg")
-        b_mn = tl.maximum(b_m, b_ms)
-        b_mx = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_alpha = tl.exp2(b_m - b_mx)
-        b_beta = tl.exp2(b_ms - b_mx)
-        b_l = b_l * b_alpha + b_ls * b_beta
-        b_a = b_a * b_alpha[:, None] + b_as * b_beta[:, None]
-        b_m = b_mn
+        b_m, b_l, b_a = _combine(b_m, b_l, b_a, b_ms, b_ls, b_as)
     return b_m, b_l, b_a
 
 
@@ -430,10 +431,12 @@ WINDOW_GROUP_DEFAULT = 0
 _OCCUPANCY: dict = {}  # (device, constexprs, launch, folded) -> programs per SM, read once per compiled variant
 
 
-def occupancy(consts, cfg, folded, q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse, n, prefix_len, window, scale):
+def occupancy(variant, consts, cfg, folded, q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse, n, prefix_len, window,
+              scale):
     """Programs of this verify variant that fit on an SM at once, from its compiled registers and
-    shared memory (compiled here if needed, with placeholder scratch: the code does not depend on it)."""
-    key = (q.device.index, tuple(sorted(consts.items())), tuple(sorted(cfg.items())), folded)
+    shared memory (compiled here if needed, with placeholder scratch: the code does not depend on it).
+    variant: (device index, constexprs, launch) as sorted tuples, the cache key without `folded`."""
+    key = (*variant, folded)
     if key not in _OCCUPANCY:
         i32 = torch.zeros(1, device=q.device, dtype=torch.int32)
         ck = nsa_verify_fwd_kernel.warmup(
@@ -446,10 +449,21 @@ def occupancy(consts, cfg, folded, q, k, v, kd, vd, pos, tm, bi, gt, oc, out, ls
     return _OCCUPANCY[key]
 
 
+def tile_rows(rows: int, max_rows: int = 128) -> int:
+    """BM: the rows of one program's tile for a group of `rows` (query, head) rows; more rows are
+    cut into ceil(rows / BM) row splits."""
+    return min(pow2(rows), pow2(max_rows))
+
+
+def default_window_group(group_size: int, approx: bool, block_major: bool = False) -> int:
+    """The window pass's group a call gets when it names none (0: one launch)."""
+    return WINDOW_GROUP_DEFAULT if group_size < WINDOW_GROUP_DEFAULT and not (approx or block_major) else 0
+
+
 def num_counters(n: int, hq: int, hkv: int, group_size: int, max_rows: int = 128) -> int:
     """Arrival counters a folded split merge uses: one per (query group, KV head, row split)."""
     rows = group_size * (hq // hkv)
-    return triton.cdiv(n, group_size) * hkv * triton.cdiv(rows, min(pow2(rows), pow2(max_rows)))
+    return triton.cdiv(n, group_size) * hkv * triton.cdiv(rows, tile_rows(rows, max_rows))
 
 
 def key_chunks(bm: int, d: int, slc_block: int, gated: bool) -> int:
@@ -566,12 +580,11 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     oc = o_cmp.float().contiguous() if gated else lse_a
     if block_major and approx:
         raise ValueError("block_major is for exact mode (approximate groups already share one selection)")
-    wg = (WINDOW_GROUP_DEFAULT if group_size < WINDOW_GROUP_DEFAULT and not (approx or block_major) else 0) \
-        if window_group is None else int(window_group)
+    wg = default_window_group(group_size, approx, block_major) if window_group is None else int(window_group)
     if wg and (wg not in (2, 4, 8, 16) or wg <= group_size or approx or block_major):
         raise ValueError(f"window_group must be 2, 4, 8 or 16 and above group_size ({group_size}), in exact mode "
                          f"without block_major; got {wg}")
-    kw = key_chunks(min(pow2(group_size * g), pow2(max_rows)), d, slc_block, gated) if lazy else 1
+    kw = key_chunks(tile_rows(group_size * g, max_rows), d, slc_block, gated) if lazy else 1
     if key_split is None:
         key_split = KEY_SPLIT_DEFAULT
     elif key_split and kw == 1:
@@ -618,7 +631,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     for part, C, work in plan:
         cq = 1 if approx else C
         rows = C * g
-        bm = min(pow2(rows), pow2(max_rows))
+        bm = tile_rows(rows, max_rows)
         kw_p = (key_chunks(bm, d, slc_block, gated) if lazy else 1) if key_split else 1
         cfg = launch if launch is not None else dict() if tune else launch_config(bm, d, approx, kw_p)
         consts = dict(G=g, C=C, CQ=cq, CE=cq * nsp, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=nsp,
@@ -626,6 +639,8 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
                       APPROX=bool(approx), TMA=bool(tma), LAZY=bool(lazy), BMERGE=bool(block_major),
                       NP=pow2(n, 1), KW=kw_p, PART=part)
         programs = triton.cdiv(n, C) * hkv * triton.cdiv(rows, bm)
+        variant = (q.device.index, tuple(sorted(consts.items())), tuple(sorted(cfg.items())))
+
         def n_splits(folded):
             # flash-decoding style: as many KV splits as fill one wave of the programs that fit on
             # an SM at once (read from the compiled kernel: with its ~180 registers the folded
@@ -633,8 +648,9 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
             # C = 4: 2 splits 29.0 us, 3 splits 37.8), at least ~2 tiles each
             if n_split is not None:
                 return n_split
-            fit = 3 if tune or not q.is_cuda else occupancy(consts, cfg, folded or part == 2, q, k, v, kd, vd, pos,
-                                                            tm, bi, gt, oc, out, lse_a, n, prefix_len, window, scale)
+            fit = 3 if tune or not q.is_cuda else occupancy(variant, consts, cfg, folded or part == 2, q, k, v, kd,
+                                                            vd, pos, tm, bi, gt, oc, out, lse_a, n, prefix_len,
+                                                            window, scale)
             return max(1, min(16, (fit * sms) // programs, work // 2))
         S = n_splits(fold)
         if auto_fold and S > FOLD_MAX_SPLITS:  # the last split would merge too many: a combine launch
