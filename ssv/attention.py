@@ -37,7 +37,14 @@ class StepMeta:
         return int(self.positions.numel())
 
 
-class DensePlan:
+class _HostWrite:
+    """The step's new keys/values go to the cache's slots after its host-side length."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
+        cache.write(layer, k, v)
+
+
+class DensePlan(_HostWrite):
     def __init__(self, meta: StepMeta, check: bool = True):
         if check:
             check_visibility(meta.prefix_len, meta.positions.cpu(), meta.tree_mask.cpu())
@@ -83,7 +90,7 @@ class VerifyOptions:
         return self.refresh is None or bool(self.refresh[layer % len(self.refresh)])
 
 
-class NSAPlan:
+class NSAPlan(_HostWrite):
     """NSA on the reference ops (the CPU path); records routing when asked."""
 
     def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,
@@ -115,7 +122,7 @@ class NSAPlan:
         return out.o.to(q.dtype)
 
 
-class TritonNSAPlan:
+class TritonNSAPlan(_HostWrite):
     """NSA on the Triton kernels: routing at refresh layers, one grouped verify launch per layer.
 
     Plan (once per step): path-specific compression weights and the tree mask. Run (per layer): at a

@@ -26,13 +26,27 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         n_cmp = num_cmp_blocks(max_len, nsa) if nsa else 0
-        self.k_cmp = torch.zeros(n_layers, n_kv_heads, n_cmp, head_dim, dtype=dtype, device=device)
-        self.v_cmp = torch.zeros_like(self.k_cmp)
+        # one block more than the context holds: the device commit's padded updates land there
+        self._cmp = torch.zeros(2, n_layers, n_kv_heads, n_cmp + 1, head_dim, dtype=dtype, device=device)
+        self.k_cmp, self.v_cmp = self._cmp[0, :, :, :n_cmp], self._cmp[1, :, :, :n_cmp]
         self.length = 0   # committed tokens
         self.n_cmp = 0    # compressed blocks up to date
+        # the committed length on the device, read by the device-resident round (its kernels, slot
+        # maps and commits); `sync_device` / `sync_host` hand it over between the two
+        self.dlen = torch.zeros(1, dtype=torch.int32, device=device)
 
     def reset(self) -> None:
         self.length = self.n_cmp = 0
+        self.dlen.zero_()
+
+    def sync_device(self) -> None:
+        """Host-side length -> device (after a prefill, before device rounds)."""
+        self.dlen.fill_(self.length)
+
+    def advance_host(self, n: int) -> None:
+        """Device rounds committed n tokens: bring the host's bookkeeping along (no copy)."""
+        self.length += n
+        self.n_cmp = num_cmp_blocks(self.length, self.nsa) if self.nsa else 0
 
     def check_room(self, n_new: int) -> None:
         if self.length + n_new > self.max_len + self.scratch:
@@ -45,6 +59,44 @@ class KVCache:
         self.check_room(n)
         self.k[layer, :, self.length:self.length + n] = k_new.transpose(0, 1).to(self.k.dtype)
         self.v[layer, :, self.length:self.length + n] = v_new.transpose(0, 1).to(self.v.dtype)
+
+    def write_slots(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store [N, Hkv, D] keys/values at device-given slots (the device round: no host length)."""
+        self.k[layer].index_copy_(1, slots, k_new.transpose(0, 1).to(self.k.dtype))
+        self.v[layer].index_copy_(1, slots, v_new.transpose(0, 1).to(self.v.dtype))
+
+    def commit_device(self, path: torch.Tensor, n: torch.Tensor) -> None:
+        """Device commit of a step: path [R] scratch offsets (root first, increasing, -1 padded) of which
+        the first n [1] are accepted; they are compacted to [P, P + n), P advances and the compressed
+        blocks they complete are filled. Fixed shapes: R and the block count bound the work."""
+        R = path.numel()
+        P = self.dlen.long()
+        j = torch.arange(R, device=path.device)
+        keep = j < n
+        dst = P + j
+        src = torch.where(keep, P + path.clamp_min(0), dst)
+        # src >= dst elementwise: the gather copies before any slot is overwritten
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+        new = P + n.long()
+        if self.nsa is not None:
+            self._compress_device(P, new, R)
+        self.dlen.copy_(new.to(torch.int32))
+
+    def _compress_device(self, old: torch.Tensor, new: torch.Tensor, max_new: int) -> None:
+        l, st = self.nsa.cmp_block, self.nsa.cmp_stride
+        cap = self.k_cmp.shape[2]
+
+        def blocks(length):
+            return torch.where(length >= l, (length - l) // st + 1, torch.zeros_like(length))
+        b = blocks(old) + torch.arange(max_new // st + 1, device=old.device)   # the blocks it may complete
+        ok = b < blocks(new)
+        slots = (b * st)[:, None] + torch.arange(l, device=old.device)           # [M, l]
+        slots = slots.clamp_max(self.k.shape[2] - 1)
+        dst = torch.where(ok, b, cap).clamp_max(cap)                             # padded: the spare block
+        for i, src in enumerate((self.k, self.v)):
+            mean = src[:, :, slots].float().mean(-2).to(src.dtype)               # [Lyr, H, M, D]
+            self._cmp[i].index_copy_(2, dst, mean)
 
     def commit(self, n: int) -> None:
         """Accept the step's first n new tokens in place (prefill chunk, decode token, chain prefix)."""

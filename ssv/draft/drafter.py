@@ -38,17 +38,37 @@ class Eagle3Drafter:
         self._order = [self.taps.index(i) for i in ids]  # tapped (ascending) -> fc column order
         self.window = cfg.window
         self.chunk = max(1, min(chunk, self.window))
-        shape = (self.window, cfg.num_key_value_heads, cfg.head_dim)
+        # ring slots [0, window) and one spare slot: the device commit's padded rows land there
+        shape = (self.window + 1, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros_like(self.k)
-        self.slot_pos = torch.full((self.window,), -1, dtype=torch.long, device=self.device)
+        self.slot_pos = torch.full((self.window + 1,), -1, dtype=torch.long, device=self.device)
+        # the device round's state in fixed buffers: committed rows, the last row's feature and its
+        # draft-vocabulary log-probs (ascending target ids `vocab_ids`, so a stable sort over them
+        # ranks ties as one over the target vocabulary does)
+        self.dlen = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.hid_buf = torch.zeros(cfg.hidden_size, dtype=self.dtype, device=self.device)
+        self.dlogp_buf = torch.zeros(cfg.draft_vocab_size, dtype=torch.float32, device=self.device)
+        self.vocab_ids = self.head.target_ids()
+        self._scratch = None
         self.reset()
 
     def reset(self) -> None:
         self.length = 0
+        self.dlen.zero_()
         self.slot_pos.fill_(-1)
         self.last_hidden: Optional[torch.Tensor] = None
         self.last_logp: Optional[torch.Tensor] = None
+
+    def _keep_last(self, out: torch.Tensor) -> torch.Tensor:
+        """Remember the last row's feature and log-probs [1, H]; returns the target-vocab log-probs."""
+        self.last_hidden = out[-1]
+        dlogp = torch.log_softmax(self.head.draft_logits(out[-1:]), -1)[0]
+        self.hid_buf.copy_(out[-1])
+        self.dlogp_buf.copy_(dlogp)
+        self.last_logp = dlogp.new_full((self.cfg.vocab_size,), float("-inf"))
+        self.last_logp[self.vocab_ids] = dlogp
+        return self.last_logp
 
     # ------------------------------------------------------------------ committed rows
     def _features(self, taps: Sequence[torch.Tensor], n: int) -> torch.Tensor:
@@ -93,9 +113,70 @@ class Eagle3Drafter:
             slots = pos % W
             self.k[slots], self.v[slots], self.slot_pos[slots] = k, v, pos
         self.length += n
-        self.last_hidden = out[-1]
-        self.last_logp = self.head.target_logp(out[-1:])[0]
-        return self.last_logp
+        self.dlen.fill_(self.length)
+        return self._keep_last(out)
+
+    # ------------------------------------------------------------------ the device round
+    def expand_rows(self, level: int, tokens: torch.Tensor, parent_rows: torch.Tensor,
+                    path_rows: torch.Tensor) -> torch.Tensor:
+        """`ssv.spec.device.grow_tree`'s expand: the frontier of `level` (depth level - 1) through the
+        head, in fixed shapes; returns draft-vocabulary log-probs [F, draft_vocab] (ids `vocab_ids`)."""
+        c, mid, W = self.cfg, self.head.midlayer, self.window
+        f, depth = tokens.numel(), path_rows.shape[1]
+        if self._scratch is None or self._scratch[0].shape[0] < depth * f:
+            rows = max(1, depth * f)
+            self._scratch = (torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
+                             torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
+                             torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device))
+        sk, sv, hid = self._scratch
+        own = path_rows[:, level - 2]                                # this level's rows
+        feat = torch.where((parent_rows < 0)[:, None], self.hid_buf[None], hid[parent_rows.clamp_min(0)])
+        pos = (self.dlen - 1) + (level - 1)                          # [1]: every frontier node's position
+        cos, sin = self.head.rope(pos.expand(f))
+        q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), feat, cos, sin)
+        sk[own], sv[own] = k, v
+        # ancestors at depth j + 1 (column j) are visible when within the window, as in `propose`
+        cols = torch.arange(depth, device=self.device)
+        ok = (path_rows >= 0) & ((level - 1) - (cols[None] + 1) < W)
+        scr = torch.zeros(f, sk.shape[0], dtype=torch.int32, device=self.device)
+        scr = scr.scatter_add_(1, path_rows.clamp_min(0), ok.to(torch.int32)) > 0   # padding adds 0
+        ring = self.slot_pos[:W]
+        vis = torch.cat([((ring >= 0) & (ring > pos - W))[None].expand(f, W), scr], 1)
+        a = masked_attention(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis)
+        out = mid.finish(a, feat)
+        hid[own] = out
+        return torch.log_softmax(self.head.draft_logits(out), -1)
+
+    @torch.no_grad()
+    def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor) -> None:
+        """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
+        its next tokens); the padded rows are computed, never stored."""
+        R, W = tokens.numel(), self.window
+        feats = torch.cat([taps[o] for o in self._order], -1)
+        hidden = self.head.project(feats.to(self.dtype))
+        pos = self.dlen + torch.arange(R, device=self.device)
+        real = torch.arange(R, device=self.device) < n
+        cos, sin = self.head.rope(pos)
+        q, k, v = self.head.midlayer.qkv(self.embed(tokens).to(self.dtype), hidden, cos, sin)
+        ring = self.slot_pos[:W]
+        vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
+        vis_new = (pos[None] <= pos[:, None]) & real[None]
+        vis_new = vis_new | torch.eye(R, dtype=torch.bool, device=self.device)  # padded rows see themselves
+        a = masked_attention(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
+                             torch.cat([vis_ring, vis_new], 1))
+        out = self.head.midlayer.finish(a, hidden)
+        slots = torch.where(real, pos % W, W)
+        self.k.index_copy_(0, slots, k)
+        self.v.index_copy_(0, slots, v)
+        self.slot_pos.index_copy_(0, slots, torch.where(real, pos, -1))
+        last = out[(n - 1).clamp_min(0)]                              # [1, H]
+        self.hid_buf.copy_(last[0])
+        self.dlogp_buf.copy_(torch.log_softmax(self.head.draft_logits(last), -1)[0])
+        self.dlen += n
+
+    def advance_host(self, n: int) -> None:
+        """Device rounds committed n rows: the host's count follows (no copy)."""
+        self.length += n
 
     # ------------------------------------------------------------------ draft tree
     @torch.no_grad()

@@ -42,11 +42,14 @@ def check_budget(runner: Runner, n_prompt: int, max_new_tokens: int) -> None:
 
 
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
-                seed: int = 0, stop_ids=(), progress: bool = False, margins: bool = False) -> GenResult:
+                seed: int = 0, stop_ids=(), progress: bool = False, margins: bool = False,
+                engine=None) -> GenResult:
     """Plain autoregressive decoding: the 1.00x baseline and the ground truth for speculative modes.
 
     margins: also record, for every generated token, the top-2 margin of the logits that picked it
-    (stats["top2_margins"]): how close each greedy choice was to a tie."""
+    (stats["top2_margins"]): how close each greedy choice was to a tie (host steps only).
+    engine (ssv.engine.device_round.DeviceEngine over this runner): greedy steps run
+    device-resident (graphed on CUDA); sampling and margins keep the host step."""
     check_budget(runner, len(prompt_ids), max_new_tokens)
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
@@ -61,6 +64,11 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
             gaps.append(float(top[0] - top[1]))
         return lg
     out = [pick_token(gap(logits), params, gen)]
+    fast = engine is not None and params.greedy and not margins
+    if fast:
+        if engine.runner is not runner:
+            raise ValueError("the device engine belongs to another runner")
+        engine.start(out[0])
     _sync(runner.device)
     t1 = time.perf_counter()
     rounds, stop = 0, "length"
@@ -73,10 +81,13 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
         if runner.length + 1 > runner.context_limit - 1:
             stop = "context"
             break
+        rounds += 1
+        if fast:
+            out.extend(engine.ar_step())
+            continue
         meta = StepMeta.chain(runner.length, 1)
         logits, _ = runner.forward(torch.tensor([out[-1]]), meta)
         runner.cache.commit(1)
-        rounds += 1
         out.append(pick_token(gap(logits[-1]), params, gen))
     _sync(runner.device)
     t2 = time.perf_counter()

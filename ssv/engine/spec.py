@@ -35,6 +35,11 @@ class SpecOptions:
         if self.verify.refresh is not None and self.verify.precision == "strict":
             raise ValueError("reusing routing across layers changes NSA's output: it needs --precision approx")
 
+    def key(self) -> tuple:
+        """What fixes a round's shapes and launches (its graph bucket)."""
+        t, v = self.tree, self.verify
+        return (t.depth, t.top_k, t.total_tokens, self.order, v.group_size, v.precision, v.refresh)
+
 
 def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions) -> tuple:
     """Grow and flatten a tree. Returns (tree in traversal order, perm)."""
@@ -65,8 +70,10 @@ def commit(runner: Runner, drafter, res, taps) -> torch.Tensor:
 
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
-                  planner=None) -> GenResult:
-    """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`."""
+                  planner=None, engine=None) -> GenResult:
+    """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`.
+    engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): greedy rounds run
+    device-resident (graphed on CUDA); sampling keeps the host round."""
     if opts is None and planner is None:
         raise ValueError("generate_spec needs SpecOptions or a planner")
     check_budget(runner, len(prompt_ids), max_new_tokens)
@@ -81,6 +88,11 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     root = pick_token(logits, params, gen)
     taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
     root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]))
+    fast = engine is not None and params.greedy
+    if fast:
+        if engine.runner is not runner or engine.drafter is not drafter:
+            raise ValueError("the device engine belongs to another runner or drafter")
+        engine.start(root)
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"
@@ -97,17 +109,20 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         if runner.length + opts.tree.depth + 2 > runner.context_limit:
             stop = "context"
             break
-        tree, _ = draft(drafter, root, root_logp, opts)
-        logits, taps = verify(runner, tree, opts, taps=drafter.taps)
-        res = accept(tree, logits, params, gen)
-        root_logp = commit(runner, drafter, res, taps)
+        if fast:
+            new = engine.spec_round(opts)
+        else:
+            tree, _ = draft(drafter, root, root_logp, opts)
+            logits, taps = verify(runner, tree, opts, taps=drafter.taps)
+            res = accept(tree, logits, params, gen)
+            root_logp = commit(runner, drafter, res, taps)
+            new = res.tokens + [res.bonus]
         rounds += 1
         if planner is not None:
-            planner.observe(len(res.tokens) + 1)
-        depth_hits += [0] * (len(res.path) - len(depth_hits))  # a drafter may exceed the spec's depth
-        for d in range(1, len(res.path)):
+            planner.observe(len(new))
+        depth_hits += [0] * (len(new) - len(depth_hits))  # a drafter may exceed the spec's depth
+        for d in range(1, len(new)):
             depth_hits[d] += 1
-        new = res.tokens + [res.bonus]
         for t in new:
             out.append(t)
             if t in stop_ids or len(out) >= max_new_tokens:

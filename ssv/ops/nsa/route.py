@@ -53,14 +53,24 @@ def _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.cons
 
 
 @triton.jit
+def _prefix_split(nbpre, BC: tl.constexpr):
+    # the committed compressed blocks (read from device memory: the context length is no launch
+    # argument, so a captured graph replays at any length) and each KV split's share of them, in
+    # whole BC tiles; the grid is sized for the cache's capacity and splits past the end do nothing
+    NBPRE = tl.load(nbpre)
+    return NBPRE, tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), tl.num_programs(2)), BC) * BC
+
+
+@triton.jit
 def nsa_route_lse_fwd_kernel(
-    q, kc, vc, kp, vp, npath, m_out, l_out, a_out,
-    N, NBPRE, NBP, BPS, scale,
+    q, kc, vc, kp, vp, npath, nbpre, m_out, l_out, a_out,
+    N, NBP, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr,
 ):
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NBPRE, BPS = _prefix_split(nbpre, BC)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
@@ -105,13 +115,15 @@ def nsa_route_lse_fwd_kernel(
 
 @triton.jit
 def nsa_route_imp_fwd_kernel(
-    q, kc, kp, npath, m_in, l_in, a_in, psum, o_cmp, lse,
-    N, NBPRE, NBP, BPS, NSPLIT, scale,
+    q, kc, kp, npath, nbpre, m_in, l_in, a_in, psum, o_cmp, lse,
+    N, NBP, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_sn, s_sh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, CRP: tl.constexpr,
 ):
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT = tl.num_programs(2)
+    NBPRE, BPS = _prefix_split(nbpre, BC)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
     o_c = o_r // G
     # merge the splits' partial softmax states into the final (base-2) log-sum-exp
@@ -160,15 +172,15 @@ def nsa_route_imp_fwd_kernel(
 
 @triton.jit
 def nsa_route_topk_fwd_kernel(
-    psum, npath, pos, imp, idx,
-    NBPRE, NBS, s_sn, s_sh, s_in, s_ih, s_xn, s_xh,
+    psum, npath, nbpre, pos, imp, idx,
+    NBS, s_sn, s_sh, s_in, s_ih, s_xn, s_xh,
     LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
     NSELP: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     i_n64 = i_n.to(tl.int64)
     t = tl.load(pos + i_n)
-    nbc = NBPRE + tl.load(npath + i_n)
+    nbc = tl.load(nbpre) + tl.load(npath + i_n)
     o_j = tl.arange(0, BJ)
     b_imp = tl.zeros([BJ], tl.float32)
     for u in tl.static_range(R + A - 1):
@@ -198,14 +210,16 @@ def nsa_route_topk_fwd_kernel(
 
 
 
-def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks: int,
+def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks,
               k_path: torch.Tensor, v_path: torch.Tensor, n_path: torch.Tensor, positions: torch.Tensor,
               cfg: NSAConfig, want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k_path/v_path
     [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q).
 
-    max_pos: the largest position (given, no device sync happens: CUDA-graph capturable).
+    n_prefix_blocks: an int, or an int32 [1] device tensor (a graph replays at any length; the
+    launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
+    (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
@@ -215,7 +229,11 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     dev = q.device
     scale = d ** -0.5 if scale is None else scale
     nbp = k_path.shape[2]
-    nbpre = int(n_prefix_blocks)
+    if isinstance(n_prefix_blocks, torch.Tensor):
+        nbpre_t, nbpre = n_prefix_blocks, k_cmp.shape[1]   # sized for the capacity, read in the kernels
+    else:
+        nbpre = int(n_prefix_blocks)
+        nbpre_t = torch.full((1,), nbpre, device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
     if nbs > 8192:
@@ -227,8 +245,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     if n_split is None:
         sms = sm_count(dev)
         n_split = max(1, min(triton.cdiv(max(nbpre, 1), bc), (2 * sms) // max(1, ngr * hkv)))
-    bps = triton.cdiv(max(nbpre, 1), n_split * bc) * bc
-    n_split = max(1, triton.cdiv(max(nbpre, 1), bps))
+    n_split = max(1, min(n_split, triton.cdiv(max(nbpre, 1), bc)))
     f32 = dict(device=dev, dtype=torch.float32)
     m_part = torch.empty(n_split, n, hq, **f32)
     l_part = torch.empty(n_split, n, hq, **f32)
@@ -239,20 +256,20 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     kp, vp = k_path.contiguous(), v_path.contiguous()
     common = dict(G=g, CR=cr, BM=bm, D=d, BC=bc, WANT_O=want_o, num_warps=4)
     nsa_route_lse_fwd_kernel[(ngr, hkv, n_split)](
-        q, k_cmp, v_cmp, kp, vp, npath, m_part, l_part, a_part, n, nbpre, nbp, bps, float(scale),
+        q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, m_part, l_part, a_part, n, nbp, float(scale),
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0), kp.stride(1), kp.stride(2),
         hq, **common)
-    psum = torch.empty(n, hkv, nbpre + nbp, **f32)   # every entry is written: the splits tile [0, NBpre)
+    psum = torch.empty(n, hkv, nbpre + nbp, **f32)   # the splits tile [0, NBpre); the rest is never read
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
     nsa_route_imp_fwd_kernel[(ngr, hkv, n_split)](
-        q, k_cmp, kp, npath, m_part, l_part, a_part, psum, o_cmp, lse, n, nbpre, nbp, bps, n_split,
+        q, k_cmp, kp, npath, nbpre_t, m_part, l_part, a_part, psum, o_cmp, lse, n, nbp,
         float(scale), q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0),
         kp.stride(1), kp.stride(2), hq, psum.stride(0), psum.stride(1), CRP=pow2(cr), **common)
     imp = torch.empty(n, hkv, nbs, **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     nsa_route_topk_fwd_kernel[(n, hkv)](
-        psum, npath, pos, imp, idx, nbpre, nbs,
+        psum, npath, nbpre_t, pos, imp, idx, nbs,
         psum.stride(0), psum.stride(1), imp.stride(0), imp.stride(1), idx.stride(0), idx.stride(1),
         LS=cfg.slc_block, R=cfg.slc_block // cfg.cmp_stride, A=-(-cfg.cmp_block // cfg.cmp_stride),
         BJ=pow2(nbs), NSEL=cfg.n_select, NSELP=pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
@@ -281,21 +298,52 @@ def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torc
     return w, s0, n_path
 
 
+def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor,
+                              cfg: NSAConfig):
+    """`path_block_weights` with the prefix length read from a device tensor and fixed shapes (no
+    host sync, so a captured graph replays at any length): w [N, N // d + 1, l + N] over the slots
+    [s0, s0 + l + N) (zero past the step's last slot), s0 [1] int32, n_path [N] int32.
+
+    The step's slots past P - s0 < l committed ones are its N new tokens; a block of path b starts
+    at s0 + b * d and is complete within P + N only for b <= N // d.
+    """
+    l, st = cfg.cmp_block, cfg.cmp_stride
+    n = positions.numel()
+    dev = positions.device
+    P = plen.reshape(()).long()
+    nb_pre = torch.where(P >= l, (P - l) // st + 1, torch.zeros_like(P))
+    s0 = nb_pre * st
+    j = torch.arange(l + n, device=dev)
+    slot = s0 + j
+    node = (slot - P).clamp(0, n - 1)
+    new = (slot >= P) & (slot < P + n)
+    pos_slot = torch.where(new, positions.long()[node], slot)                        # [S]
+    vis = torch.where(new[None], tree_mask.bool()[:, node], (slot < P)[None])        # [N, S]
+    start = s0 + torch.arange(n // st + 1, device=dev) * st                          # [NBP]
+    memb = (pos_slot[None] >= start[:, None]) & (pos_slot[None] < start[:, None] + l)
+    w = (vis[:, None, :] & memb[None]).float() / l
+    pos1 = positions.long() + 1
+    n_path = torch.where(pos1 >= l, (pos1 - l) // st + 1, torch.zeros_like(pos1)) - nb_pre
+    return w, s0.to(torch.int32).reshape(1), n_path.clamp_min(0).to(torch.int32)
+
+
 @triton.jit
 def nsa_path_blocks_fwd_kernel(
-    w, k, v, kp, vp, S0, S, NBP, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
+    w, k, v, kp, vp, s0p, S, NBP, L, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
     BSB: tl.constexpr, D: tl.constexpr,
 ):
     # one program per (query, KV head): its path-specific compressed keys/values, w[n, b] @ k[h, s0:],
-    # in slot tiles of BSB so a 128-token tree with D = 128 keeps its registers
+    # in slot tiles of BSB so a 128-token tree with D = 128 keeps its registers; s0 is read from
+    # device memory (it moves with the context length) and slots stop at the cache's end L
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    S0 = tl.load(s0p)
     o_d = tl.arange(0, D)
     for b in range(0, NBP):
         b_ak = tl.zeros([D], tl.float32)
         b_av = tl.zeros([D], tl.float32)
         for s0 in range(0, S, BSB):
             o_s = s0 + tl.arange(0, BSB)
-            m_s = o_s < S
+            m_s = (o_s < S) & (S0 + o_s < L)
             p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
             b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s, other=0.0)                 # [BSB]
             b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
@@ -318,19 +366,25 @@ def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor
     return kp, vp
 
 
-def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int,
+def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_len, n: int,
                 kernel: Optional[bool] = None, out: Optional[tuple] = None):
     """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer).
 
     kernel (default: on CUDA): one launch instead of slicing, casting and two einsums per layer.
+    s0 / prefix_len: ints, or (kernel only) device tensors as `path_block_weights_device` returns
+    them, w then covering a fixed number of slots from s0 (zero weight past the step).
     """
     kernel = k.is_cuda if kernel is None else kernel
     if not kernel:
-        return path_blocks_torch(w, s0, k, v, prefix_len, n)
+        return path_blocks_torch(w, int(s0), k, v, int(prefix_len), n)
     nq, nbp, S = w.shape
     hkv, _, d = k.shape
-    if S != prefix_len + n - s0:
-        raise ValueError(f"path weights cover {S} slots, the step has {prefix_len + n - s0} from slot {s0}")
+    if isinstance(s0, torch.Tensor):
+        s0_t = s0
+    else:
+        if S != prefix_len + n - s0:
+            raise ValueError(f"path weights cover {S} slots, the step has {prefix_len + n - s0} from slot {s0}")
+        s0_t = torch.full((1,), int(s0), device=k.device, dtype=torch.int32)
     if k.stride(2) != 1 or v.stride() != k.stride():
         raise ValueError("k and v must share strides with a contiguous last dimension")
     if out is None:  # every entry is written when there are path blocks; else one zero block (never read)
@@ -342,6 +396,6 @@ def path_blocks(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, pref
     if nq and nbp:
         wc = w.contiguous()
         nsa_path_blocks_fwd_kernel[(nq, hkv)](
-            wc, k, v, kp, vp, int(s0), S, nbp, wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
+            wc, k, v, kp, vp, s0_t, S, nbp, k.shape[1], wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
             kp.stride(0), kp.stride(1), kp.stride(2), BSB=32, D=d, num_warps=4)
     return kp, vp

@@ -44,8 +44,8 @@ def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i
     o_t = j * BS + o_t0
     m_t = o_t < P
     if TMA:
-        # the descriptors span [Hkv, P + N, D]: rows past the step come back as zeros, and the
-        # step's own rows in the last prefix tile are finite (their scores are masked)
+        # the descriptors span the whole cache [Hkv, L, D]: rows past the step are finite (zeros,
+        # or an earlier step's keys) and masked like the step's own rows in the last prefix tile
         b_k = k_desc.load([i_h, j * BS, 0]).reshape(BS, D)
         b_v = v_desc.load([i_h, j * BS, 0]).reshape(BS, D)
     else:
@@ -163,7 +163,7 @@ def _finish(b_m, b_l, b_acc):
 @triton.jit(do_not_specialize=["PB"])
 def nsa_verify_fwd_kernel(
     q, k, v, k_desc, v_desc, pos, tmask, blk, gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po, cnt,
-    N, P, W, scale, NSPLIT, NU, PB,
+    plen, N, W, scale, NSPLIT, NU, PB,
     s_qn, s_qh, s_kh, s_kt, s_bn, s_bh, s_tn, HQ,
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
@@ -172,6 +172,9 @@ def nsa_verify_fwd_kernel(
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
+    # the committed prefix length, read from device memory: no launch argument moves with the
+    # context, so one captured graph replays at every length
+    P = tl.load(plen)
     o_r = i_s * BM + tl.arange(0, BM)
     o_qi = i_g * C + o_r // G
     m_r = (o_r < C * G) & (o_qi < N)
@@ -302,7 +305,7 @@ def nsa_verify_fwd_kernel(
             o_n = n0 + tl.arange(0, BT)
             m_n = o_n < N
             b_pn = tl.load(pos + o_n, mask=m_n, other=0)
-            if TMA:  # BT == BS here; rows past P + N come back as zeros
+            if TMA:  # BT == BS here; rows past P + N are finite and masked by `anc`
                 b_k = k_desc.load([i_h, P + n0, 0]).reshape(BT, D)
                 b_v = v_desc.load([i_h, P + n0, 0]).reshape(BT, D)
             else:
@@ -441,7 +444,7 @@ def occupancy(variant, consts, cfg, folded, q, k, v, kd, vd, pos, tm, bi, gt, oc
         i32 = torch.zeros(1, device=q.device, dtype=torch.int32)
         ck = nsa_verify_fwd_kernel.warmup(
             q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse, lse, lse, lse, lse, i32, lse, lse, i32,
-            n, int(prefix_len), int(window), float(scale), 2, 0, int(prefix_len).bit_length(),
+            i32, n, int(window), float(scale), 2, 0, int(prefix_len).bit_length(),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), q.shape[1],
             grid=(1,), **consts, SPLIT=True, FOLD=folded, **cfg)
         ck._init_handles()
@@ -512,7 +515,7 @@ def _merge(ws_m, ws_l, ws_a, p_w, m_s, o_d, D: tl.constexpr):
     return b_mx, b_l, b_a
 
 
-def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, positions: torch.Tensor,
+def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, positions: torch.Tensor,
                tree_mask: torch.Tensor, block_indices: torch.Tensor, slc_block: int, window: int,
                group_size: int = 1, approx: bool = False, gates: Optional[torch.Tensor] = None,
                o_cmp: Optional[torch.Tensor] = None, scale: Optional[float] = None,
@@ -530,6 +533,10 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     selected / window branches'.
     tma: K/V tiles through tensor descriptors (default: on Hopper or newer with 16-byte aligned
     caches), else pointer loads. Positions must lie in [prefix_len, prefix_len + N), as a plan's do.
+    prefix_len: an int, or an int32 [1] device tensor that the kernel reads (no host sync, and a
+    captured graph replays at any length): the launch is then sized for the cache's capacity and
+    the TMA descriptors span the whole cache, whose slots past the step must hold finite values
+    (a KVCache's do: zeros or earlier steps' keys).
     tune: autotune the launch (once per compiled variant and context bucket); default: the fixed
     table of `launch_config`. launch: an explicit (num_warps, num_stages), for probes.
     lazy: softmax against each row's score on its own token (no per-iteration row max or row sum),
@@ -560,6 +567,14 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     n, hq, d = q.shape
     hkv = k.shape[0]
     lazy = not approx if lazy is None else bool(lazy)
+    on_device = isinstance(prefix_len, torch.Tensor)
+    if on_device:
+        if block_major or tune:
+            raise ValueError("a device-resident prefix length works with neither block_major nor tune")
+        plen, prefix_len = prefix_len, k.shape[1] - n   # launch sized for the largest prefix the cache holds
+    else:
+        prefix_len = int(prefix_len)
+        plen = torch.full((1,), prefix_len, device=q.device, dtype=torch.int32)
     check_shapes(n, hq, d, hkv, k, v, prefix_len, slc_block, group_size, block_indices)
     g = hq // hkv
     gated = gates is not None
@@ -601,7 +616,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         if not aligned:
             raise ValueError("tma=True needs 16-byte aligned k/v bases and row strides")
         from triton.tools.tensor_descriptor import TensorDescriptor
-        shape, box = [hkv, int(prefix_len) + n, d], [1, slc_block, d]
+        shape, box = [hkv, prefix_len + n, d], [1, slc_block, d]
         kd = TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], box)
         vd = TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], box)
     else:
@@ -679,7 +694,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
         items = torch.empty(grid[0] * grid[1] * grid[2] * per_program, device=q.device, dtype=torch.int32)
         (nsa_verify_fwd_tuned if tune and launch is None else nsa_verify_fwd_kernel)[grid](
             q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, plse, po, counters,
-            n, int(prefix_len), int(window), float(scale), S, nu, int(prefix_len).bit_length(),
+            plen, n, int(window), float(scale), S, nu, int(prefix_len).bit_length(),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq,
             **consts, **cfg,
         )

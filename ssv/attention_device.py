@@ -1,0 +1,132 @@
+"""Attention plans of the device-resident round: the prefix length is read from device memory.
+
+`plan(plen, positions, tree_mask)` derives the step's metadata with tensor ops (slot map, path
+compression weights, the committed compressed-block count) and `run(layer, ...)` only launches, so
+a whole step is capturable in one CUDA graph that replays at any context length: no Python int
+derived from the length reaches a kernel argument, a grid or a shape. Launches are sized for the
+cache's capacity; the kernels' idle programs exit early.
+
+On the CPU (or `backend="reference"`) the same round code runs through `RefDevicePlan`, which
+reads the length once per step (free there) and defers to the reference plans.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ssv.attention import DensePlan, NSAPlan, StepMeta, VerifyOptions, _same_blocks
+from ssv.cache import KVCache
+from ssv.config import NSAConfig
+
+
+class _DevicePlanBase:
+    def plan(self, plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> "_DevicePlanBase":
+        """plen [1] int32 committed length; positions [N] (P + depth); tree_mask [N, N] bool."""
+        self.plen, self.positions, self.tree_mask = plen, positions, tree_mask
+        self.slots = plen.long() + torch.arange(positions.numel(), device=positions.device)
+        self._plan()
+        return self
+
+    def _plan(self) -> None:
+        pass
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
+        cache.write_slots(layer, k, v, self.slots)
+
+
+class RefDevicePlan(_DevicePlanBase):
+    """The reference ops behind the device plan's interface (CPU; the length is read on the host)."""
+
+    def __init__(self, attention: str, cfg: Optional[NSAConfig], opts: Optional[VerifyOptions] = None):
+        self.attention, self.cfg, self.opts = attention, cfg, opts
+
+    def _plan(self) -> None:
+        meta = StepMeta(int(self.plen), self.positions, self.tree_mask)
+        self.inner = DensePlan(meta, check=False) if self.attention == "dense" else NSAPlan(meta, self.cfg, self.opts)
+
+    def run(self, layer, q, cache, gates=None):
+        return self.inner.run(layer, q, cache, gates)
+
+
+class KernelNSAPlan(_DevicePlanBase):
+    """NSA on the Triton kernels with a device-resident length (routing at refresh layers, then the
+    grouped verify launch), as `TritonNSAPlan` does with a host one."""
+
+    def __init__(self, cfg: NSAConfig, opts: Optional[VerifyOptions], n: int, cache: KVCache, n_heads: int):
+        from ssv.ops.nsa.verify import num_counters
+        if cfg.gating == "union_cmp":
+            raise ValueError("the Triton kernels implement gatings 'union' and 'gated', not 'union_cmp'")
+        if not _same_blocks(cache.nsa, cfg) or cache.k_cmp.shape[2] == 0:
+            raise ValueError("the cache keeps no compressed blocks for this NSA configuration")
+        self.cfg, self.opts = cfg, opts or VerifyOptions()
+        hkv, d = cache.k.shape[1], cache.k.shape[3]
+        dev = cache.k.device
+        nbp = n // cfg.cmp_stride + 1
+        # fixed outputs every layer overwrites: the path-specific compressed keys/values, the
+        # folded merges' counters (zero, left zero by every launch)
+        self._kp = torch.zeros(n, hkv, nbp, d, device=dev, dtype=torch.float32)
+        self._vp = torch.zeros_like(self._kp)
+        self._counters = torch.zeros(num_counters(n, n_heads, hkv, 1), device=dev, dtype=torch.int32)
+
+    def _plan(self) -> None:
+        from ssv.ops.nsa.route import path_block_weights_device
+        cfg = self.cfg
+        self.w, self.s0, self.n_path = path_block_weights_device(self.plen, self.positions, self.tree_mask, cfg)
+        P = self.plen.long()
+        self.nbpre = torch.where(P >= cfg.cmp_block, (P - cfg.cmp_block) // cfg.cmp_stride + 1,
+                                 torch.zeros_like(P)).to(torch.int32)
+        self.tmask = self.tree_mask.to(torch.uint8)
+        self._indices = None
+
+    def run(self, layer, q, cache, gates=None):
+        from ssv.ops.nsa.route import nsa_route, path_blocks
+        from ssv.ops.nsa.verify import nsa_verify
+        cfg, opts = self.cfg, self.opts
+        k, v = cache.k[layer], cache.v[layer]
+        gated = cfg.gating == "gated"
+        refresh = opts.refreshes(layer) or self._indices is None
+        o_cmp = None
+        if refresh or gated:
+            n = q.shape[0]
+            kp, vp = path_blocks(self.w, self.s0, k, v, self.plen, n, kernel=True, out=(self._kp, self._vp))
+            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer], self.nbpre, kp, vp,
+                                         self.n_path, self.positions, cfg, want_o=gated, max_pos=k.shape[1] - 1)
+            if refresh:
+                self._indices = idx
+        o, _, _ = nsa_verify(q, k, v, self.plen, self.positions, self.tmask, self._indices, cfg.slc_block,
+                             cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp,
+                             counters=self._counters)
+        return o
+
+
+class KernelDensePlan(_DevicePlanBase):
+    """Dense attention on the verify kernel: a window spanning the whole cache and no selected blocks is
+    exact dense attention over the prefix (flash-decoding tiles, KV splits, log-sum-exp merge) plus
+    the tree part under its ancestor mask."""
+
+    def __init__(self, n: int, cache: KVCache, n_heads: int, block: int = 64):
+        from ssv.ops.nsa.verify import num_counters
+        hkv, dev = cache.k.shape[1], cache.k.device
+        self.block, self.window = block, cache.k.shape[2]
+        self._none = torch.full((n, hkv, 1), -1, device=dev, dtype=torch.int32)
+        self._counters = torch.zeros(num_counters(n, n_heads, hkv, 1), device=dev, dtype=torch.int32)
+
+    def _plan(self) -> None:
+        self.tmask = self.tree_mask.to(torch.uint8)
+
+    def run(self, layer, q, cache, gates=None):
+        from ssv.ops.nsa.verify import nsa_verify
+        o, _, _ = nsa_verify(q, cache.k[layer], cache.v[layer], self.plen, self.positions, self.tmask, self._none,
+                             self.block, self.window, counters=self._counters)
+        return o
+
+
+def device_plan(attention: str, cfg: Optional[NSAConfig], opts: Optional[VerifyOptions], n: int, cache: KVCache,
+                n_heads: int, kernels: bool):
+    """The plan of one bucket (N new tokens) of the device round."""
+    if not kernels:
+        return RefDevicePlan(attention, cfg, opts)
+    if attention == "dense":
+        return KernelDensePlan(n, cache, n_heads)
+    return KernelNSAPlan(cfg, opts, n, cache, n_heads)

@@ -1,0 +1,188 @@
+"""The speculative round's tree work as fixed-shape tensor ops: no host sync, no Python loop over nodes.
+
+Device twins of `tree.build_tree`, `tree.flatten`, `tree.tree_metadata` and `accept.accept_greedy`
+(same trees, same orders, same accepted paths; tests compare them on random inputs, ties included).
+Shapes depend only on the tree spec (depth, top-k, total tokens), never on the context or on the
+data, so a round built from them can be captured in one CUDA graph. Loops run over tree levels
+(the spec's depth), not over nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ssv.spec.tree import ORDERS, TreeSpec
+
+# BFS/DFS orders sort by a key of sibling ranks packed one digit per level (rank + 1 <= top_k, so
+# top_k.bit_length() bits a digit) above the depth: that must fit an int64.
+def _key_bits(spec: TreeSpec) -> int:
+    return spec.top_k.bit_length()
+
+
+@dataclass
+class DeviceTree:
+    """A draft tree as device tensors, [T] each; node 0 is the root, parents precede children."""
+
+    tokens: torch.Tensor    # int64
+    parents: torch.Tensor   # int64, -1 for the root
+    scores: torch.Tensor    # float32 (cumulative draft log-prob; ranks siblings, as DraftTree's)
+    depth: torch.Tensor     # int64
+
+    @property
+    def n(self) -> int:
+        return self.tokens.numel()
+
+
+def check_spec(spec: TreeSpec) -> None:
+    """The shapes a device round supports: a full pool and levels that fit the order keys."""
+    if _key_bits(spec) * spec.depth + 6 > 62:
+        raise ValueError(f"a device-resident round orders trees of depth x bits(top-k) <= 56, got depth "
+                         f"{spec.depth} with top-k {spec.top_k}")
+    if spec.total_tokens > spec.max_nodes:
+        raise ValueError(f"tree of {spec.total_tokens} tokens exceeds its candidate pool of {spec.max_nodes} "
+                         f"(depth {spec.depth}, top-k {spec.top_k}); a device round keeps exactly total_tokens")
+
+
+# expand(level, tokens [F], parent_rows [F], path_rows [F, depth]) -> log-probs [F, V] of each frontier
+# node's children. Frontier nodes of level t >= 2 get rows (t - 2) * top_k + r (the drafter's scratch rows);
+# parent_rows is -1 for a child of the root, path_rows lists the rows of the node's ancestors at depth >= 1
+# and its own, -1 padded.
+ExpandFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _stable_top(x: torch.Tensor, k: int):
+    """Top-k along the last dim, ties to the lower index (a stable descending sort, as build_tree's)."""
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idx[..., :k]
+
+
+def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec,
+              ids: Optional[torch.Tensor] = None) -> DeviceTree:
+    """`build_tree` in fixed shapes: the same pool, frontiers and kept set, in creation order.
+
+    ids: log-probs (root_logp and expand's) are over these ascending token ids instead of the whole
+    vocabulary (the draft vocabulary): the same ranking, as ids off it have log-prob -inf."""
+    check_spec(spec)
+    D, k, T = spec.depth, spec.top_k, spec.total_tokens
+    dev = root_logp.device
+    M = spec.max_nodes
+    tok = torch.zeros(M, dtype=torch.long, device=dev)
+    par = torch.full((M,), -1, dtype=torch.long, device=dev)
+    score = torch.zeros(M, dtype=torch.float64, device=dev)
+    tok[0] = root_token
+    if T == 1:
+        return _kept(tok, par, score, T, D)
+    # level 1: the root's children, proposed lowest token id first on equal log-probs
+    lp = root_logp.reshape(1, -1).to(torch.float64).clamp_max(0.0)
+    v1, t1 = _stable_top(lp, k)
+    t1 = t1 if ids is None else ids[t1]
+    tok[1:1 + k], par[1:1 + k], score[1:1 + k] = t1[0], 0, v1[0]
+    front = torch.arange(1, 1 + k, device=dev)                  # pool ids, by descending score
+    f_rows = torch.full((k, D), -1, dtype=torch.long, device=dev)  # ancestors' rows of each frontier node
+    f_parent = torch.full((k,), -1, dtype=torch.long, device=dev)
+    base = 1 + k
+    for t in range(2, D + 1):
+        rows = (t - 2) * k + torch.arange(k, device=dev)
+        f_rows[:, t - 2] = rows
+        lp = expand(t, tok[front], f_parent, f_rows).to(torch.float64).clamp_max(0.0)  # [k, V]
+        vals, toks = _stable_top(lp, k)                           # [k, k]
+        toks = toks if ids is None else ids[toks]
+        cand = base + torch.arange(k * k, device=dev)
+        tok[cand] = toks.reshape(-1)
+        par[cand] = front[:, None].expand(k, k).reshape(-1)
+        cs = (score[front][:, None] + vals).reshape(-1)
+        score[cand] = cs
+        _, best = _stable_top(cs, k)                              # next frontier, ties: creation order
+        front = cand[best]
+        f_parent = rows[best // k]
+        f_rows = f_rows[best // k].clone()
+        base += k * k
+    return _kept(tok, par, score, T, D)
+
+
+def _kept(tok, par, score, T: int, D: int) -> DeviceTree:
+    M = tok.numel()
+    dev = tok.device
+    _, order = _stable_top(score[1:], T - 1)
+    kept = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.sort(order + 1).values])
+    new_index = torch.full((M,), -1, dtype=torch.long, device=dev)
+    new_index[kept] = torch.arange(T, device=dev)
+    parents = torch.where(par[kept] >= 0, new_index[par[kept].clamp_min(0)], par[kept])
+    return DeviceTree(tok[kept], parents, score[kept].float(), _depths(parents, D))
+
+
+def _depths(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    depth = torch.zeros_like(parents)
+    cur = parents
+    for _ in range(max_depth):
+        depth += (cur >= 0).long()
+        cur = torch.where(cur >= 0, parents[cur.clamp_min(0)], cur)
+    return depth
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[T, T] bool: mask[q, s] iff s is q or an ancestor of q (tree_metadata's mask)."""
+    n = parents.numel()
+    ar = torch.arange(n, device=parents.device)
+    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    cur = ar
+    for _ in range(max_depth + 1):
+        ok = cur >= 0
+        mask[ar, cur.clamp_min(0)] |= ok
+        cur = torch.where(ok, parents[cur.clamp_min(0)], cur)
+    return mask
+
+
+def sibling_rank(tree: DeviceTree) -> torch.Tensor:
+    """Each node's rank among its siblings: descending score, ties to the lower index (sorted_children)."""
+    p, s = tree.parents, tree.scores
+    idx = torch.arange(tree.n, device=p.device)
+    before = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (idx[None, :] < idx[:, None]))
+    return ((p[None, :] == p[:, None]) & before).sum(1)
+
+
+def flatten_device(tree: DeviceTree, order: str, spec: TreeSpec):
+    """`flatten` on the device: (tree in the traversal order, perm with perm[new] = old)."""
+    if order not in ORDERS:
+        raise ValueError(f"flatten: order must be one of {ORDERS}, got {order!r}")
+    check_spec(spec)
+    max_depth, bits = spec.depth, _key_bits(spec)
+    mask = ancestor_mask(tree.parents, max_depth)
+    # a node's digit at its own depth: rank + 1 (0 = no node at that level, so an ancestor sorts
+    # before its subtree: preorder); the key of a node is the digits of its root-to-node path
+    digit = (sibling_rank(tree) + 1) * (tree.depth > 0)
+    weight = (digit << (bits * (max_depth - tree.depth).clamp_min(0))) * (tree.depth > 0)
+    key = (mask.long() * weight[None, :]).sum(1)
+    if order in ("bfs", "pos"):  # level order: depth first, then the same path key
+        key = key + (tree.depth << (bits * max_depth))
+    perm = torch.sort(key, stable=True).indices
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(tree.n, device=perm.device)
+    old_par = tree.parents[perm]
+    parents = torch.where(old_par >= 0, inverse[old_par.clamp_min(0)], old_par)
+    return DeviceTree(tree.tokens[perm], parents, tree.scores[perm], tree.depth[perm]), perm
+
+
+def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int):
+    """`accept_greedy` on the device. Returns (path [max_depth + 1] node ids, -1 padded; its length
+    [1] int64, root included; bonus [1] int64): the target's argmax (lowest id on ties) followed
+    through the tree, the first matching child in sibling order."""
+    best = logits.argmax(-1)                                                  # [T]
+    dev = logits.device
+    path = torch.full((max_depth + 1,), -1, dtype=torch.long, device=dev)
+    path[0] = 0
+    cur = torch.zeros((), dtype=torch.long, device=dev)
+    alive = torch.ones((), dtype=torch.bool, device=dev)
+    length = torch.ones((), dtype=torch.long, device=dev)
+    for d in range(1, max_depth + 1):
+        hit = (tree.parents == cur) & (tree.tokens == best[cur]) & alive
+        # among equal scores argmax takes the first: the lower index, as sorted_children does
+        nxt = torch.argmax(torch.where(hit, tree.scores, float("-inf")))
+        found = hit.any()
+        cur = torch.where(found, nxt, cur)
+        path[d] = torch.where(found, nxt, path[d])
+        length = length + found.long()
+        alive = alive & found
+    return path, length.reshape(1), best[cur].reshape(1)

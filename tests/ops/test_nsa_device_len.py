@@ -1,0 +1,89 @@
+"""The kernels with the prefix length in device memory (the graphed round's launches): sized for the
+cache's capacity, reading P, s0 and the committed compressed blocks from tensors, they equal the reference."""
+import pytest
+import torch
+
+from ssv.config import NSAConfig
+from ssv.ops.dense.naive import dense_naive
+from ssv.ops.nsa.naive import compress_mean, nsa_naive, num_cmp_blocks
+from ssv.ops.nsa.route import nsa_route, path_block_weights, path_block_weights_device, path_blocks
+from ssv.ops.nsa.verify import nsa_verify
+
+from .test_nsa_kernels import DEV, DTYPES, rand_tree, rel_err, tol
+
+CFG = dict(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=20)
+CASES = [  # seed, P, N, Hkv, G, D, C, cfg overrides
+    (0, 150, 7, 2, 3, 16, 4, {}),
+    (1, 0, 9, 1, 4, 32, 1, {}),
+    (2, 63, 12, 2, 2, 16, 8, dict(window=8)),
+    (3, 301, 16, 1, 2, 16, 4, dict(cmp_block=16, cmp_stride=8)),
+    (4, 7, 1, 2, 2, 16, 1, {}),
+]
+
+
+def _case(seed, P, N, hkv, G, D, dtype, extra=40):
+    """A cache of P + N + extra slots whose slots past the step hold large finite garbage."""
+    gen = torch.Generator().manual_seed(seed)
+    L = P + N + extra
+    k = torch.randn(hkv, L, D, generator=gen)
+    v = torch.randn(hkv, L, D, generator=gen)
+    k[:, P + N:] *= 1e3
+    v[:, P + N:] *= 1e3
+    q = torch.randn(N, hkv * G, D, generator=gen)
+    depth, mask = rand_tree(N, gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype), P + depth, mask
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_device_length_route_and_verify_match_reference(case):
+    seed, P, N, hkv, G, D, C, over = case
+    cfg = NSAConfig(**{**CFG, **over})
+    dtype = DTYPES[0]
+    q, k, v, pos, mask = _case(seed, P, N, hkv, G, D, dtype)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
+    plen = torch.tensor([P], dtype=torch.int32, device=DEV)
+    # capacity blocks: the committed ones, then finite garbage the kernels must not read
+    cap = num_cmp_blocks(k.shape[1], cfg)
+    nb = num_cmp_blocks(P, cfg)
+    kc = torch.randn(hkv, cap, D) * 1e3
+    vc = torch.randn(hkv, cap, D) * 1e3
+    kc[:, :nb], vc[:, :nb] = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
+    w, s0, npath = path_block_weights_device(plen, pos.to(DEV), mask.to(DEV), cfg)
+    hw, hs0, hnpath = path_block_weights(P, pos, mask, cfg)
+    assert int(s0) == hs0 and torch.equal(npath.cpu(), hnpath)
+    nbp = w.shape[1]
+    out = tuple(torch.full((N, hkv, nbp, D), float("nan"), device=DEV) for _ in range(2))
+    kp, vp = path_blocks(w, s0, k.to(DEV), v.to(DEV), plen, N, kernel=True, out=out)
+    hkp, _ = path_blocks(hw, hs0, k, v, P, N, kernel=False)
+    for i in range(N):  # the blocks each query's path completes
+        m = int(hnpath[i])
+        assert rel_err(kp[i, :, :m], hkp[i, :, :m]) < tol(dtype) if m else True
+    nbpre = torch.tensor([nb], dtype=torch.int32, device=DEV)
+    idx, _, lse, _ = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, kp, vp, npath,
+                               pos.to(DEV), cfg, max_pos=k.shape[1] - 1)
+    assert torch.equal(idx.cpu().long(), ref.block_indices)
+    o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, cfg.slc_block,
+                             cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
+    assert rel_err(o, ref.o) < tol(dtype)
+
+
+@pytest.mark.parametrize("case", [(0, 150, 7, 2, 3, 16), (1, 0, 5, 1, 2, 32), (2, 200, 1, 2, 4, 16)])
+def test_dense_attention_on_the_verify_kernel(case):
+    """A window over the whole cache and no selected blocks is dense attention (KernelDensePlan)."""
+    seed, P, N, hkv, G, D = case
+    dtype = DTYPES[0]
+    q, k, v, pos, mask = _case(seed, P, N, hkv, G, D, dtype)
+    want = dense_naive(q.float(), k.float(), v.float(), P, pos, mask)
+    none = torch.full((N, hkv, 1), -1, dtype=torch.int32, device=DEV)
+    plen = torch.tensor([P], dtype=torch.int32, device=DEV)
+    o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), none, 16, k.shape[1],
+                         out=torch.full_like(q, float("nan")).to(DEV))
+    assert rel_err(o, want) < tol(dtype)
+
+
+def test_device_length_refuses_host_only_options():
+    q, k, v, pos, mask = _case(0, 40, 3, 1, 2, 16, DTYPES[0])
+    idx = torch.zeros(3, 1, 4, dtype=torch.int32, device=DEV)
+    plen = torch.tensor([40], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="device-resident prefix length"):
+        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, 16, 20, block_major=True)
