@@ -43,6 +43,14 @@ class _HostWrite:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
         cache.write(layer, k, v)
 
+    def slots(self, cache: KVCache, n: int) -> torch.Tensor:
+        """The step's cache slots [N] for the fused cache write (after the host length; made once)."""
+        cache.check_room(n)
+        hit = self.__dict__.get("_slots")
+        if hit is None or hit.numel() != n:
+            hit = self._slots = torch.arange(cache.length, cache.length + n, device=cache.k.device)
+        return hit
+
 
 class DensePlan(_HostWrite):
     def __init__(self, meta: StepMeta, check: bool = True):

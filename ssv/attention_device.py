@@ -24,7 +24,7 @@ class _DevicePlanBase:
     def plan(self, plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> "_DevicePlanBase":
         """plen [1] int32 committed length; positions [N] (P + depth); tree_mask [N, N] bool."""
         self.plen, self.positions, self.tree_mask = plen, positions, tree_mask
-        self.slots = plen.long() + torch.arange(positions.numel(), device=positions.device)
+        self._slots = plen.long() + torch.arange(positions.numel(), device=positions.device)
         self._plan()
         return self
 
@@ -32,7 +32,10 @@ class _DevicePlanBase:
         pass
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
-        cache.write_slots(layer, k, v, self.slots)
+        cache.write_slots(layer, k, v, self._slots)
+
+    def slots(self, cache: KVCache, n: int) -> torch.Tensor:
+        return self._slots
 
 
 class RefDevicePlan(_DevicePlanBase):

@@ -76,9 +76,13 @@ def cmd_generate(args) -> int:
     ids = _prompt_ids(args, tok)
     record = [] if args.record_routing else None
     runner = Runner(model, attention=args.attention, record=record)
+    # greedy decoding runs the device-resident round (graphed on CUDA unless --eager); sampling,
+    # --record-routing and --host-round keep the host round
+    use_engine = params.greedy and record is None and not args.host_round
     if args.mode == "ar":
+        engine = _engine(args, runner) if use_engine else None
         res = generate_ar(runner, ids, params, args.max_new_tokens, seed=args.seed, stop_ids=tok.eos_ids,
-                          progress=not args.json)
+                          progress=not args.json, engine=engine)
     else:
         from ssv.engine.spec import generate_spec
         drafter, opts = _spec_setup(args, model)
@@ -90,8 +94,9 @@ def cmd_generate(args) -> int:
             # strict unless --precision approx: then the profile's approximate strategies may be chosen too
             planner = AdaptivePlanner(Profile.load(args.profile), model.cfg.n_layers,
                                       allow_approx=args.precision == "approx")
+        engine = _engine(args, runner, drafter) if use_engine else None
         res = generate_spec(runner, drafter, ids, params, args.max_new_tokens, opts, seed=args.seed,
-                            stop_ids=tok.eos_ids, progress=not args.json, planner=planner)
+                            stop_ids=tok.eos_ids, progress=not args.json, planner=planner, engine=engine)
     gen = [t for t in res.token_ids if t not in tok.eos_ids]
     text = tok.decode(gen)
     if record is not None:
@@ -105,6 +110,11 @@ def cmd_generate(args) -> int:
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
               f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds]", file=sys.stderr)
     return 0
+
+
+def _engine(args, runner, drafter=None):
+    from ssv.engine.device_round import DeviceEngine
+    return DeviceEngine(runner, drafter, graphs=args.device == "cuda" and not args.eager)
 
 
 def _spec_setup(args, model):
@@ -182,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     g.add_argument("--record-routing", metavar="FILE", help="save every layer's selected blocks (NSA)")
+    g.add_argument("--eager", action="store_true", help="no CUDA graphs (the device round runs uncaptured)")
+    g.add_argument("--host-round", action="store_true",
+                   help="the host-driven round (tree, acceptance and commits on the CPU) instead of the device one")
     sd = g.add_argument_group("speculative decoding (--mode sd-naive | ssv)")
     sd.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
     sd.add_argument("--tree-depth", type=int, default=6)

@@ -52,6 +52,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos[:, None] + rot.float() * sin[:, None]).to(x.dtype)
 
 
+def _cat_cached(owner: nn.Module, name: str, parts) -> torch.Tensor:
+    """torch.cat(parts) kept on `owner` (not a parameter) until any part is replaced or modified."""
+    key = tuple((p.data_ptr(), p._version) for p in parts)
+    hit = owner.__dict__.get(name)
+    if hit is None or hit[0] != key:
+        hit = owner.__dict__[name] = (key, torch.cat([p.detach() for p in parts]))
+    return hit[1]
+
+
+def fused_glue(x: torch.Tensor) -> bool:
+    """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run."""
+    return x.is_cuda and x.dim() == 2
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -75,6 +89,17 @@ class Attention(nn.Module):
         gated = cfg.nsa is not None and cfg.nsa.gating == "gated"
         self.g_proj = nn.Linear(cfg.hidden_size, h * 3, bias=False) if gated else None
 
+    def attend_fused(self, x, cos, sin, plan, cache):
+        """One projection, one RoPE + cache-write launch, then the plan: o [N, Hq * D] before o_proj."""
+        from ssv.ops.glue.ops import rope_write
+        n, c = x.shape[0], self.cfg
+        parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        w = _cat_cached(self, "_wqkv", parts)
+        b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
+        q = rope_write(F.linear(x, w, b), cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
+                       cache.v[self.layer], plan.slots(cache, n))
+        return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
+
     def forward(self, x, cos, sin, plan, cache):
         n = x.shape[0]
         c = self.cfg
@@ -96,5 +121,21 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, plan, cache):
+        if fused_glue(x) and self.self_attn.g_proj is None:
+            return self._forward_fused(x, cos, sin, plan, cache)
+        return self._forward_eager(x, cos, sin, plan, cache)
+
+    def _forward_eager(self, x, cos, sin, plan, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def _forward_fused(self, x, cos, sin, plan, cache):
+        # 9 launches besides attention's: two norms, three GEMMs whose epilogues add the residual
+        # or feed one SwiGLU launch, one RoPE + cache write
+        from ssv.ops.glue.ops import rmsnorm, swiglu
+        a, m = self.self_attn, self.mlp
+        h = rmsnorm(x, self.input_layernorm.weight, self.input_layernorm.eps)
+        x = torch.addmm(x, a.attend_fused(h, cos, sin, plan, cache), a.o_proj.weight.t())
+        h = rmsnorm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        gu = F.linear(h, _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
+        return torch.addmm(x, swiglu(gu), m.down_proj.weight.t())

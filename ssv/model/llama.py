@@ -8,7 +8,7 @@ from torch import nn
 
 from ssv.cache import KVCache
 from ssv.config import ModelConfig
-from ssv.model.layers import Block, RMSNorm, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import Block, RMSNorm, fused_glue, rope_cos_sin, rope_inv_freq
 
 
 class Transformer(nn.Module):
@@ -52,7 +52,11 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        x = self.norm(h)
+        if fused_glue(h):
+            from ssv.ops.glue.ops import rmsnorm
+            x = rmsnorm(h.contiguous(), self.norm.weight, self.norm.eps)
+        else:
+            x = self.norm(h)
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2:
             # keep the GEMM's fp32 accumulator: bf16 logits step by 0.125 at |logit| in [16, 32), so
             # rounding them turns near-ties into exact ties, which speculative and AR decoding break

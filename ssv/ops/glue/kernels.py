@@ -1,0 +1,57 @@
+"""Triton kernels of the fused glue: one program per row (a decode step has few rows)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rmsnorm_fwd_kernel(x, w, y, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    b_x = tl.load(x + i * s_x + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_r = tl.math.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
+    # normalized in fp32, rounded to the activations' dtype, then scaled (as RMSNorm.forward does)
+    b_n = (b_x * b_r).to(y.dtype.element_ty).to(tl.float32)
+    b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
+    tl.store(y + i * s_y + o_d, (b_n * b_w).to(y.dtype.element_ty), mask=m_d)
+
+
+@triton.jit
+def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, s_n, s_c, s_qn, s_qh, s_kh, s_kt,
+                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+    # program (row n, head h) over Hq + Hkv heads: a query head is rotated into q_out, a KV head's
+    # key rotated and its value copied into cache slot slots[n]
+    i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    o_d = tl.arange(0, D)
+    o_r = tl.where(o_d < HALF, o_d + HALF, o_d - HALF)          # rotate-half partner
+    sign = tl.where(o_d < HALF, -1.0, 1.0)
+    b_c = tl.load(cos + i_n * s_c + o_d)
+    b_s = tl.load(sin + i_n * s_c + o_d)
+    base = qkv + i_n * s_n + i_h * D
+    b_x = tl.load(base + o_d).to(tl.float32)
+    b_p = tl.load(base + o_r).to(tl.float32) * sign
+    b_o = (b_x * b_c + b_p * b_s).to(q_out.dtype.element_ty)
+    if i_h < HQ:
+        tl.store(q_out + i_n * s_qn + i_h * s_qh + o_d, b_o)
+    else:
+        t = tl.load(slots + i_n).to(tl.int64)
+        j = i_h - HQ
+        p_c = j * s_kh + t * s_kt + o_d
+        tl.store(kc + p_c, b_o.to(kc.dtype.element_ty))
+        b_v = tl.load(base + HKV * D + o_d)
+        tl.store(vc + p_c, b_v.to(vc.dtype.element_ty))
+
+
+@triton.jit
+def swiglu_fwd_kernel(gu, y, s_g, s_y, I: tl.constexpr, BI: tl.constexpr):
+    i_n, i_b = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_i = i_b * BI + tl.arange(0, BI)
+    m_i = o_i < I
+    b_g = tl.load(gu + i_n * s_g + o_i, mask=m_i, other=0.0).to(tl.float32)
+    b_u = tl.load(gu + i_n * s_g + I + o_i, mask=m_i, other=0.0).to(tl.float32)
+    # silu rounded to the activations' dtype before the product, as F.silu(g) * u
+    b_a = (b_g * tl.sigmoid(b_g)).to(y.dtype.element_ty).to(tl.float32)
+    tl.store(y + i_n * s_y + o_i, (b_a * b_u).to(y.dtype.element_ty), mask=m_i)

@@ -1,0 +1,53 @@
+"""Launchers of the fused glue kernels (shapes checked here, launch sizes fixed by the shapes)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ssv.ops.glue.kernels import rmsnorm_fwd_kernel, rope_write_fwd_kernel, swiglu_fwd_kernel
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, D] -> RMSNorm(x) * w, one launch."""
+    if x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],):
+        raise ValueError(f"rmsnorm: x must be [N, D] with contiguous rows and w [D], got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)}")
+    y = torch.empty_like(x)
+    n, d = x.shape
+    if n:
+        rmsnorm_fwd_kernel[(n,)](x, w, y, float(eps), x.stride(0), y.stride(0), D=d, BD=triton.next_power_of_2(d),
+                                 num_warps=4)
+    return y
+
+
+def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """qkv [N, (Hq + 2 Hkv) D] (one projection) -> q [N, Hq, D] with RoPE; k (RoPE) and v stored at
+    `slots` [N] of k_cache / v_cache [Hkv, L, D]. One launch instead of ~20."""
+    n = qkv.shape[0]
+    d = cos.shape[-1]
+    if qkv.shape[1] != (hq + 2 * hkv) * d or qkv.stride(1) != 1 or d & (d - 1) or d < 2:
+        raise ValueError(f"rope_write: qkv must be [N, (Hq + 2 Hkv) * D] with D a power of two, got "
+                         f"{tuple(qkv.shape)} for Hq={hq}, Hkv={hkv}, D={d}")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
+        raise ValueError("rope_write: k and v caches must share shape and strides, rows contiguous")
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
+    if n:
+        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), cos.stride(0),
+                                              q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+                                              HQ=hq, HKV=hkv, D=d, num_warps=1)
+    return q
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """gu [N, 2I] (gate | up) -> silu(gate) * up [N, I], one launch."""
+    if gu.dim() != 2 or gu.shape[1] % 2 or gu.stride(1) != 1:
+        raise ValueError(f"swiglu: expected [N, 2I] with contiguous rows, got {tuple(gu.shape)}")
+    n, i2 = gu.shape
+    inter = i2 // 2
+    y = torch.empty(n, inter, device=gu.device, dtype=gu.dtype)
+    bi = min(1024, triton.next_power_of_2(inter))
+    if n:
+        swiglu_fwd_kernel[(n, triton.cdiv(inter, bi))](gu, y, gu.stride(0), y.stride(0), I=inter, BI=bi, num_warps=4)
+    return y

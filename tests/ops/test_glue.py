@@ -1,0 +1,87 @@
+"""Fused glue kernels against their plain-PyTorch twins (interpreter on the CPU, compiled on a GPU)."""
+import pytest
+import torch
+
+from ssv.attention import StepMeta
+from ssv.engine.runner import Runner
+from ssv.ops.glue.naive import rmsnorm_naive, rope_write_naive, swiglu_naive
+from ssv.ops.glue.ops import rmsnorm, rope_write, swiglu
+
+from ..conftest import make_tiny_model
+from .test_nsa_kernels import DEV, DTYPES
+
+DT = DTYPES[0]
+TOL = dict(rtol=1e-5, atol=1e-5) if DT == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("n,d", [(1, 64), (7, 48), (3, 576)])
+def test_rmsnorm_matches_naive(n, d):
+    g = torch.Generator().manual_seed(n * d)
+    x = (torch.randn(n, d, generator=g) * 3).to(DT).to(DEV)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).to(DT).to(DEV)
+    torch.testing.assert_close(rmsnorm(x, w, 1e-5), rmsnorm_naive(x, w, 1e-5), **TOL)
+
+
+@pytest.mark.parametrize("n,i", [(1, 64), (5, 100), (2, 1536)])
+def test_swiglu_matches_naive(n, i):
+    g = torch.Generator().manual_seed(i)
+    gu = torch.randn(n, 2 * i, generator=g).to(DT).to(DEV)
+    torch.testing.assert_close(swiglu(gu), swiglu_naive(gu), **TOL)
+
+
+@pytest.mark.parametrize("n,hq,hkv,d", [(1, 4, 2, 16), (9, 9, 3, 64), (4, 8, 8, 32)])
+def test_rope_write_matches_naive_and_touches_only_its_slots(n, hq, hkv, d):
+    g = torch.Generator().manual_seed(n + d)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=g).to(DT).to(DEV)
+    pos = torch.randint(0, 500, (n,), generator=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    f = pos.float()[:, None] * inv[None]
+    cos, sin = torch.cat([f, f], -1).cos().to(DEV), torch.cat([f, f], -1).sin().to(DEV)
+    slots = torch.randperm(40, generator=g)[:n].to(DEV)
+    caches = [torch.full((hkv, 40, d), float("nan"), dtype=DT, device=DEV) for _ in range(4)]
+    q = rope_write(qkv, cos, sin, hq, hkv, caches[0], caches[1], slots)
+    q_ref = rope_write_naive(qkv, cos, sin, hq, hkv, caches[2], caches[3], slots)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(torch.isnan(got), torch.isnan(want))        # nothing written off the slots
+        torch.testing.assert_close(got[:, slots], want[:, slots], **TOL)
+
+
+def test_glue_refuses_bad_shapes():
+    x = torch.zeros(2, 8, device=DEV, dtype=DT)
+    with pytest.raises(ValueError, match="rmsnorm"):
+        rmsnorm(x, torch.ones(7, device=DEV, dtype=DT), 1e-5)
+    with pytest.raises(ValueError, match="swiglu"):
+        swiglu(torch.zeros(2, 7, device=DEV, dtype=DT))
+    with pytest.raises(ValueError, match="rope_write"):
+        c = torch.zeros(1, 4, 4, device=DEV, dtype=DT)
+        rope_write(torch.zeros(2, 11, device=DEV, dtype=DT), torch.zeros(2, 4, device=DEV),
+                   torch.zeros(2, 4, device=DEV), 1, 1, c, c, torch.zeros(2, dtype=torch.long, device=DEV))
+
+
+@pytest.mark.parametrize("attn_bias", [False, True])
+def test_fused_block_equals_eager_block(attn_bias):
+    """A layer through the fused glue (what CUDA runs) equals the eager layer, cache writes included."""
+    model = make_tiny_model(0, attn_bias=attn_bias).to(DEV)
+    if DT != torch.float32:
+        model = model.to(DT)
+    with torch.no_grad():
+        if attn_bias:
+            for layer in model.layers:
+                for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    p.bias.normal_()
+    outs = []
+    for fused in (False, True):
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.prefill(list(range(3, 20)))
+        meta = StepMeta.chain(r.length, 5, device=DEV)
+        plan = r.plan(meta)
+        x = model.embed_tokens(torch.arange(5, device=DEV) + 30)
+        from ssv.model.layers import rope_cos_sin
+        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
+        with torch.no_grad():
+            layer = model.layers[1]
+            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
+        outs.append((y, r.cache.k[1, :, : r.length + 5].clone(), r.cache.v[1, :, : r.length + 5].clone()))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, **TOL)
