@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ssv.bench import spec as bench_spec
     bench_spec.add_args(bs)
     bs.set_defaults(func=bench_spec.cmd_bench_spec)
+    be = bsub.add_parser("e2e", help="end to end tokens/s of every mode side by side, and the Llama-8B step table")
+    from ssv.bench import e2e as bench_e2e
+    bench_e2e.add_args(be)
+    be.set_defaults(func=bench_e2e.cmd_bench_e2e)
     return p
 
 

@@ -30,10 +30,12 @@ class DeviceEngine:
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)   # the next input token / the round's root
         self.out = torch.zeros(64, dtype=torch.long, device=dev)  # [accepted n, emitted tokens...]
         self._plans: dict = {}
+        self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
         self._eager: set = set()       # buckets whose capture failed
         self._pool = None
-        self.launch_counts: dict = {}
+        self.timing = False            # record per-phase CUDA event times (phase -> [ms, ...])
+        self.phase_ms: dict = {}
 
     # ------------------------------------------------------------------ bodies (captured as graphs)
     def _plan(self, key, n: int, opts=None):
@@ -54,27 +56,42 @@ class DeviceEngine:
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
 
-    def _spec_body(self, opts) -> None:
-        cache, model, dr = self.runner.cache, self.runner.model, self.drafter
-        spec, D = opts.tree, opts.tree.depth
+    # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
+    # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
+    def _draft_body(self, opts, io: dict) -> None:
+        cache, dr, spec = self.runner.cache, self.drafter, opts.tree
         tree = grow_tree(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, ids=dr.vocab_ids)
         flat, _ = flatten_device(tree, opts.order, spec)
-        mask = ancestor_mask(flat.parents, D)
-        plan = self._plan(("spec", opts.key()), spec.total_tokens, opts.verify)
-        pos = cache.dlen.long() + flat.depth
-        plan.plan(cache.dlen, pos, mask)
-        logits, taps = model(flat.tokens, pos, plan, cache, taps=dr.taps)
-        path, n, bonus = accept_greedy_device(flat, logits, D)
+        io["tree"] = flat
+        io["mask"] = ancestor_mask(flat.parents, spec.depth)
+        io["pos"] = cache.dlen.long() + flat.depth
+
+    def _verify_body(self, opts, io: dict) -> None:
+        cache, model = self.runner.cache, self.runner.model
+        plan = self._plan(("spec", opts.key()), opts.tree.total_tokens, opts.verify)
+        plan.plan(cache.dlen, io["pos"], io["mask"])
+        io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self.drafter.taps)
+
+    def _accept_body(self, opts, io: dict) -> None:
+        cache, dr, D = self.runner.cache, self.drafter, opts.tree.depth
+        flat = io["tree"]
+        path, n, bonus = accept_greedy_device(flat, io["logits"], D)
         cache.commit_device(path, n)
         rows = path.clamp_min(0)
         j = torch.arange(D + 1, device=rows.device)
         # row i of the drafter: (the target's feature at path[i], the token after it): the next
         # accepted token, the bonus after the last
         nxt = torch.where(j == n - 1, bonus, flat.tokens[torch.cat([rows[1:], rows[:1]])])
-        dr.commit_rows([t[rows] for t in taps], nxt, n)
+        dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
         self.out[0:1] = n
         self.out[1:D + 2] = nxt
         self.tok.copy_(bonus)
+
+    def _spec_phases(self, opts):
+        io = self._io.setdefault(opts.key(), {})
+        return [(("draft", opts.key()), lambda: self._draft_body(opts, io)),
+                (("verify", opts.key()), lambda: self._verify_body(opts, io)),
+                (("accept", opts.key()), lambda: self._accept_body(opts, io))]
 
     # ------------------------------------------------------------------ graphs
     def _state(self):
@@ -84,47 +101,60 @@ class DeviceEngine:
             parts += [d.dlen, d.slot_pos, d.hid_buf, d.dlogp_buf]
         return parts
 
-    def _run(self, key, body) -> None:
-        if not self.graphs or key in self._eager:
-            body()
-            return
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._capture(key, body)
-            if g is None:
-                body()
-                return
-        g.replay()
+    def _run(self, phases) -> None:
+        """Run a round's phases [(key, body)]: their graphs replayed (captured on first use), or eagerly."""
+        if self.graphs and phases[0][0] not in self._eager and phases[0][0] not in self._graphs:
+            self._capture(phases)
+        graphed = self.graphs and phases[0][0] in self._graphs
+        ev = []
+        for key, body in phases:
+            if self.timing and self.graphs:
+                ev.append(torch.cuda.Event(enable_timing=True))
+                ev[-1].record()
+            self._graphs[key].replay() if graphed else body()
+        if ev:
+            ev.append(torch.cuda.Event(enable_timing=True))
+            ev[-1].record()
+            self._pending = [(key[0], a, b) for (key, _), a, b in zip(phases, ev, ev[1:])]
 
-    def _capture(self, key, body):
+    def _collect_times(self) -> None:
+        for name, a, b in getattr(self, "_pending", ()):   # after the round's read: the events are done
+            self.phase_ms.setdefault(name, []).append(a.elapsed_time(b))
+        self._pending = []
+
+    def _capture(self, phases) -> None:
         # warm up (compiles, occupancy lookups, allocator) on a copy of the round's state, restored
-        # after: a warm-up commits like a real round
+        # after: a warm-up commits like a real round; the capture itself runs nothing
         saved = [t.clone() for t in self._state()]
+
+        def restore():
+            for t, s in zip(self._state(), saved):
+                t.copy_(s)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    body()
-                    for t, s in zip(self._state(), saved):
-                        t.copy_(s)
+                    for _, body in phases:
+                        body()
+                    restore()
             torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(g, pool=self._pool):
-                body()
+            graphs = {}
+            for key, body in phases:
+                graphs[key] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graphs[key], pool=self._pool):
+                    body()
         except Exception as e:  # noqa: BLE001 -- a capture failure must cost speed, never the answer
             torch.cuda.synchronize()
-            for t, s in zip(self._state(), saved):
-                t.copy_(s)
-            warnings.warn(f"CUDA graph capture of {key[0]} failed ({type(e).__name__}: {e}); running it eagerly")
-            self._eager.add(key)
-            return None
-        for t, s in zip(self._state(), saved):
-            t.copy_(s)
-        self._graphs[key] = g
-        return g
+            restore()
+            warnings.warn(f"CUDA graph capture of {phases[0][0][0]} failed ({type(e).__name__}: {e}); "
+                          "running it eagerly")
+            self._eager.add(phases[0][0])
+            return
+        restore()
+        self._graphs.update(graphs)
 
     # ------------------------------------------------------------------ rounds
     def start(self, token: int) -> None:
@@ -135,8 +165,9 @@ class DeviceEngine:
     @torch.no_grad()
     def ar_step(self) -> list:
         """One AR step (greedy); returns the emitted token (the round's one device-to-host read)."""
-        self._run(("ar",), self._ar_body)
+        self._run([(("ar",), self._ar_body)])
         tok = int(self.out[1])
+        self._collect_times()
         self.runner.cache.advance_host(1)
         return [tok]
 
@@ -148,8 +179,9 @@ class DeviceEngine:
         check_spec(opts.tree)
         if opts.tree.depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.tree.depth} exceeds the round record's {self.out.numel() - 2}")
-        self._run(("spec", opts.key()), lambda: self._spec_body(opts))
+        self._run(self._spec_phases(opts))
         rec = self.out[: opts.tree.depth + 2].tolist()
+        self._collect_times()
         n = rec[0]
         self.runner.cache.advance_host(n)
         self.drafter.advance_host(n)

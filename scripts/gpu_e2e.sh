@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The `ssv bench e2e` session through the device tool (one H200), in three chained calls: the 98 MB
+# GGUF travels in three parts (scripts/train_draft_gpu.sh stage makes them and the wheels), so each
+# call does work that needs no checkpoint while the parts arrive.
+#   here, once:   scripts/train_draft_gpu.sh stage && python3 scripts/make_e2e_prompts.py
+#   call 1:  bash scripts/gpu_e2e.sh 1   carry [".stage/draft/gguf.part0", ".whl"]
+#            the CUDA tests of the device round (graph replay vs eager, kernels), then the step table
+#   call 2 (AT ONCE):  bash scripts/gpu_e2e.sh 2   carry [".stage/draft/gguf.part1", ".whl"]
+#            more of the step table if call 1 ran out of time, else the kernel tests
+#   call 3 (AT ONCE):  bash scripts/gpu_e2e.sh 3   carry [".stage/draft/gguf.part2", ".stage/draft/gguf.sha256",
+#            ".stage/e2e-prompts.json", ".whl"]: the default model's e2e table
+# SSV_COMMIT names the commit (no git there). Results: $OUT/e2e-cuda.json, e2e-cuda.png, logs.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+mkdir -p /tmp/stage /tmp/e2e
+for f in .stage/draft/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
+OUTD=${OUT:-bench/results}
+cp /tmp/e2e/* "$OUTD"/ 2>/dev/null || true   # earlier calls' results travel on
+ssv() { python3 -c "import sys; from ssv.cli import main; sys.exit(main())" "$@"; }
+case "${1:?call number}" in
+1)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
+        tests/ops/test_glue.py 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
+    timeout 240 ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
+    ;;
+2)
+    timeout 500 python3 -m pytest -q -p no:cacheprovider -x tests/ops/test_nsa_kernels.py -k "route or device or path" \
+        2>&1 | tail -5
+    ;;
+3)
+    bash scripts/train_draft_gpu.sh assemble
+    timeout 560 ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
+        --contexts ${CONTEXTS:-1024 4096 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
+        --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" 2>&1 | tail -60
+    ;;
+esac
+cp "$OUTD"/e2e-cuda.json "$OUTD"/e2e-cuda.png "$OUTD"/e2e-tests-h200.log /tmp/e2e/ 2>/dev/null || true

@@ -1,0 +1,302 @@
+"""`ssv bench e2e`: tokens per second a user sees, every mode side by side in one process (CUDA).
+
+Part 1, the default model: held-out prompts of three families (code, prose, chat; `--prompts`, made
+by scripts/make_e2e_prompts.py) at each context, greedy, every mode on the same prompt: tok/s, mean
+accepted length, speedup over `ar-nsa`, the round's split (draft / verify / accept+commit: CUDA
+events between the phases' graph replays), kernel launches per round and the GPU's kernel-busy
+fraction (torch profiler over extra rounds), and whether the tokens equal the AR run of the same
+attention (with ar's top-2 margin where they first differ).
+Part 2, the Llama-3.1-8B shape with random bf16 weights (`--steps`): a graphed AR step and a 48-node
+verify pass per mode, against the bytes floor (weights + the AR step's KV at the copy bandwidth
+measured in the same run). Random weights route with no overlap between queries: grouping cannot
+show there, so its verify rows are upper bounds for the grouped modes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+from ssv.attention import VerifyOptions
+from ssv.bench.e2e_steps import run_steps
+from ssv.engine.device_round import DeviceEngine
+from ssv.engine.generate import generate_ar
+from ssv.engine.runner import Runner
+from ssv.engine.spec import SpecOptions, generate_spec
+from ssv.spec.accept import SamplingParams
+from ssv.spec.tree import TreeSpec
+
+MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv approx C16", "ssv approx C16 reuse/2", "ar dense", "eagle3 dense",
+         "transformers")
+GREEDY = SamplingParams(temperature=0.0)
+QUESTION = "\n\nWhat is the text above about? Answer in a few sentences."
+
+
+def mode_table(n_layers: int, tree: TreeSpec) -> dict:
+    """mode -> (attention, SpecOptions or None for AR)."""
+    def so(c, precision="strict", every=1):
+        return SpecOptions(tree=tree, order="pos", verify=VerifyOptions(c, precision, VerifyOptions.every(every, n_layers)))
+    return {"ar-nsa": ("nsa", None), "sd-naive": ("nsa", so(1)), "ssv strict": ("nsa", so(4)),
+            "ssv approx C16": ("nsa", so(16, "approx")), "ssv approx C16 reuse/2": ("nsa", so(16, "approx", 2)),
+            "ar dense": ("dense", None), "eagle3 dense": ("dense", so(1))}
+
+
+def prompt_ids(tok, family: str, text: str, context: int) -> list:
+    """`context` tokens of a document (chat: the document cut to fit, a question, the chat template)."""
+    ids = tok.encode(text)
+    if family != "chat":
+        if len(ids) < context:
+            raise ValueError(f"a {family} document has {len(ids)} tokens, fewer than {context}")
+        return ids[:context]
+    overhead = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                                      add_generation_prompt=True)))
+    body = tok.decode(ids[: max(16, context - overhead)])
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": body + QUESTION}],
+                                              add_generation_prompt=True))[:context]
+
+
+def profile_rounds(engine: DeviceEngine, opts, rounds: int = 12) -> dict:
+    """Kernel launches per round and the kernel-busy fraction of `rounds` more rounds (graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+    step = (lambda: engine.ar_step()) if opts is None else (lambda: engine.spec_round(opts))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kern = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+            and "memset" not in e.name.lower()]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kern)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # union of kernel intervals (us)
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return {"launches_per_round": len(kern) / rounds if kern else None,
+            "gpu_busy_fraction": busy * 1e-6 / wall if kern else None, "profiled_rounds": rounds}
+
+
+def ar_margin(runner: Runner, prompt: list, ar_tokens: list, at: int):
+    """ar's top-2 logit margin at token `at` (teacher-forced over prompt + ar's first `at` tokens)."""
+    runner.reset()
+    logits, _ = runner.prefill(prompt + ar_tokens[:at])
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def first_diff(a, b):
+    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+
+
+def hf_generate(model, ids: list, new_tokens: int, max_cache: int):
+    """transformers' own greedy generate on the same weights, static cache (its auto-compiled decode).
+    Returns (token ids, decode tok/s)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+    cache = getattr(model, "_hf", None)
+    if cache is None:
+        c = model.cfg
+        cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                          num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+                          head_dim=c.head_dim, rms_norm_eps=c.norm_eps, rope_theta=c.rope.theta,
+                          tie_word_embeddings=c.tie_embeddings, max_position_embeddings=max(c.max_seq_len, max_cache))
+        hf = LlamaForCausalLM(cfg).to(device="cuda", dtype=next(model.parameters()).dtype).eval()
+        sd = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v for k, v in model.state_dict().items()}
+        hf.load_state_dict(sd, strict=False)
+        if c.tie_embeddings:
+            hf.tie_weights()
+        model.__dict__["_hf"] = cache = hf
+    hf = cache
+    x = torch.tensor([ids], device="cuda")
+
+    def run(n):
+        kv = StaticCache(config=hf.config, max_cache_len=max_cache)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = hf.generate(x, max_new_tokens=n, do_sample=False, past_key_values=kv, min_new_tokens=n,
+                          pad_token_id=0)
+        torch.cuda.synchronize()
+        return out[0, len(ids):].tolist(), time.perf_counter() - t0
+    run(new_tokens)                # compiles / warms at this prompt length
+    _, t1 = run(1)
+    toks, tn = run(new_tokens)
+    return toks, (new_tokens - 1) / max(tn - t1, 1e-9)
+
+
+def run_default(args, env: dict, save) -> list:
+    from ssv.cli import load_model
+    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    model, tok = load_model(args.model, "cuda")
+    p = next(model.parameters())
+    head = (load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)[0] if args.draft == "default"
+            else load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)[0])
+    drafter = Eagle3Drafter(head, model)
+    tree = TreeSpec(depth=6, top_k=8, total_tokens=48)
+    table = mode_table(model.cfg.n_layers, tree)
+    max_len = max(args.contexts) + args.new_tokens + 256      # room for the profiled extra rounds
+    runners = {a: Runner(model, attention=a, max_len=max_len) for a in ("nsa", "dense")}
+    engines = {a: DeviceEngine(r, drafter) for a, r in runners.items()}
+    with open(args.prompts) as f:
+        texts = json.load(f)
+    rows = []
+
+    def run_mode(mode, ids):
+        att, opts = table[mode]
+        r, eng = runners[att], engines[att]
+        eng.timing, eng.phase_ms = True, {}
+        if opts is None:
+            res = generate_ar(r, ids, GREEDY, args.new_tokens, engine=eng)
+        else:
+            res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng)
+        eng.timing = False
+        split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}
+        prof = profile_rounds(eng, opts)
+        return res, split, prof
+
+    # warm-up: every mode's graphs captured and kernels compiled before anything is timed
+    warm = prompt_ids(tok, "code", texts["code"][0], min(args.contexts))
+    for mode in table:
+        if mode in args.modes:
+            run_mode(mode, warm)
+    for family in args.families:
+        for context in args.contexts:
+            for d, text in enumerate(texts[family][: args.docs]):
+                ids = prompt_ids(tok, family, text, context)
+                ref = {}
+                for mode in [m for m in MODES if m in args.modes]:
+                    row = {"family": family, "context": len(ids), "target_context": context, "doc": d, "mode": mode}
+                    try:
+                        if mode == "transformers":
+                            toks, tps = hf_generate(model, ids, args.new_tokens, max_len)
+                            row.update(tokens_per_second=tps, mean_accepted_length=1.0, token_ids=toks,
+                                       identical_to_ar=toks == ref.get("ar dense"))
+                        else:
+                            res, split, prof = run_mode(mode, ids)
+                            att = table[mode][0]
+                            base = ref.setdefault(f"ar {att}" if att == "dense" else "ar-nsa", res.token_ids)
+                            diff = first_diff(res.token_ids, base)
+                            row.update(tokens_per_second=res.stats["tokens_per_second"],
+                                       mean_accepted_length=res.stats["mean_accepted_length"],
+                                       rounds=res.stats["rounds"], decode_seconds=res.stats["decode_seconds"],
+                                       round_ms=split, identical_to_ar=diff is None, first_diff=diff,
+                                       token_ids=res.token_ids, **prof)
+                            if diff is not None and table[mode][1] is not None:
+                                row["ar_margin_at_diff"] = ar_margin(runners[att], ids, base, diff)
+                    except Exception as e:  # noqa: BLE001 -- a failing mode is reported, not fatal
+                        row["error"] = f"{type(e).__name__}: {e}"[:400]
+                        print(f"{family} {context} {mode}: {row['error']}", file=sys.stderr)
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                    save(rows)
+    return rows
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['family']:6s} {r['context']:6d} {r['mode']:24s} error"
+    rm = r.get("round_ms") or {}
+    return (f"{r['family']:6s} {r['context']:6d} {r['mode']:24s} {r['tokens_per_second']:8.1f} tok/s  "
+            f"MAL {r['mean_accepted_length']:.2f}  identical {r.get('identical_to_ar')}  "
+            + " ".join(f"{k} {v:.3f}ms" for k, v in rm.items())
+            + (f"  launches {r['launches_per_round']:.0f} busy {r['gpu_busy_fraction']:.2f}"
+               if r.get("launches_per_round") else ""))
+
+
+def summarize(rows: list) -> list:
+    out, groups = [], {}
+    for r in rows:
+        if "error" not in r:
+            groups.setdefault((r["family"], r["target_context"], r["mode"]), []).append(r)
+    for (fam, ctx, mode), rs in groups.items():
+        base = groups.get((fam, ctx, "ar-nsa"))
+
+        def mean(key, rr=rs):
+            vals = [x[key] for x in rr if x.get(key) is not None]
+            return sum(vals) / len(vals) if vals else None
+        tps = mean("tokens_per_second")
+        out.append({"family": fam, "context": ctx, "mode": mode, "tokens_per_second": tps,
+                    "mean_accepted_length": mean("mean_accepted_length"),
+                    "speedup_vs_ar_nsa": tps / mean("tokens_per_second", base) if base else None,
+                    "gpu_busy_fraction": mean("gpu_busy_fraction"), "launches_per_round": mean("launches_per_round"),
+                    "identical_to_ar": sum(bool(x.get("identical_to_ar")) for x in rs), "docs": len(rs)})
+    return out
+
+
+def plot(summary: list, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fams = sorted({s["family"] for s in summary})
+    fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        for mode in MODES:
+            pts = sorted((s["context"], s["tokens_per_second"]) for s in summary
+                         if s["family"] == fam and s["mode"] == mode and s["tokens_per_second"])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_title(fam)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("tok/s")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def add_args(p) -> None:
+    p.add_argument("--model", default="default")
+    p.add_argument("--draft", default="default")
+    p.add_argument("--prompts", default=".stage/e2e-prompts.json", help="scripts/make_e2e_prompts.py's JSON")
+    p.add_argument("--families", nargs="+", default=["code", "prose", "chat"])
+    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 8192])
+    p.add_argument("--docs", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument("--steps", nargs="*", type=int, default=None, metavar="CONTEXT",
+                   help="also (or with --no-default, only) the Llama-3.1-8B-shape step table at these contexts")
+    p.add_argument("--no-default", action="store_true", help="skip the default-model part")
+    p.add_argument("--out", default="bench/results")
+
+
+def cmd_bench_e2e(args) -> int:
+    from ssv.bench.kernels import environment
+    if not torch.cuda.is_available():
+        raise ValueError("ssv bench e2e needs a CUDA GPU")
+    bad = [m for m in args.modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown modes {bad}; choose from {list(MODES)}")
+    if not args.no_default and not os.path.isfile(args.prompts):
+        raise FileNotFoundError(f"--prompts {args.prompts} not found (make it with scripts/make_e2e_prompts.py)")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "e2e-cuda.json")
+    doc = {"env": environment(), "summary": [], "steps": [], "rows": []}
+    if os.path.isfile(path):  # a run in several calls: keep the other part's results
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("env", {}).get("commit") == doc["env"]["commit"]:
+            doc.update({k: old.get(k, []) for k in ("summary", "steps", "rows")})
+
+    def save(rows=None):
+        if rows is not None:
+            doc["rows"], doc["summary"] = rows, summarize(rows)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.steps is not None:
+        doc["steps"] = []
+        run_steps(args.steps or [8192, 16384, 32768, 65536, 131072], doc["steps"], save)
+        save()
+    if not args.no_default:
+        run_default(args, doc["env"], save)
+        print("\nfamily context mode tok/s MAL speedup busy launches identical")
+        for s in doc["summary"]:
+            f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+            print(f"{s['family']} {s['context']} {s['mode']:24s} {f(s['tokens_per_second'], 1)} "
+                  f"{f(s['mean_accepted_length'])} {f(s['speedup_vs_ar_nsa'])} {f(s['gpu_busy_fraction'])} "
+                  f"{f(s['launches_per_round'], 0)} {s['identical_to_ar']}/{s['docs']}")
+        plot(doc["summary"], os.path.join(args.out, "e2e-cuda.png"))
+    save()
+    print(f"wrote {path}")
+    return 0

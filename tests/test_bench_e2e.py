@@ -1,0 +1,57 @@
+"""The CPU-side parts of `ssv bench e2e`: prompts, the mode table, the summary, the step table's cache fill."""
+import pytest
+import torch
+
+from ssv.bench.e2e import MODES, first_diff, mode_table, prompt_ids, summarize
+from ssv.bench.e2e_steps import fill_cache
+from ssv.config import NSAConfig
+from ssv.engine.runner import Runner
+from ssv.ops.nsa.naive import compress_mean
+from ssv.spec.tree import TreeSpec
+
+from .conftest import make_tiny_model
+
+
+class WordTok:
+    def encode(self, text):
+        return [len(w) for w in text.split()]
+
+    def decode(self, ids):
+        return " ".join("x" * i for i in ids)
+
+    def apply_chat_template(self, msgs, add_generation_prompt=True):
+        return "<user> " + msgs[0]["content"] + " <assistant>"
+
+
+def test_prompts_have_the_context_length_and_chat_wraps_a_question():
+    tok = WordTok()
+    text = " ".join("w" * (1 + i % 7) for i in range(500))
+    assert len(prompt_ids(tok, "code", text, 300)) == 300
+    chat = prompt_ids(tok, "chat", text, 300)
+    assert len(chat) <= 300 and chat[-1] == len("<assistant>")
+    with pytest.raises(ValueError, match="fewer than"):
+        prompt_ids(tok, "prose", text, 900)
+
+
+def test_mode_table_covers_the_modes_and_summary_ratios():
+    table = mode_table(6, TreeSpec(6, 8, 48))
+    assert set(table) | {"transformers"} == set(MODES)
+    assert table["ssv strict"][1].verify.group_size == 4 and table["sd-naive"][1].verify.group_size == 1
+    assert table["ssv approx C16 reuse/2"][1].verify.refresh == (True, False) * 3
+    rows = [{"family": "code", "target_context": 1024, "mode": m, "tokens_per_second": t, "mean_accepted_length": a,
+             "identical_to_ar": True, "gpu_busy_fraction": 0.5, "launches_per_round": 100}
+            for m, t, a in (("ar-nsa", 100.0, 1.0), ("ssv strict", 250.0, 2.5))]
+    rows.append({"family": "code", "target_context": 1024, "mode": "sd-naive", "error": "boom"})
+    s = {r["mode"]: r for r in summarize(rows)}
+    assert s["ssv strict"]["speedup_vs_ar_nsa"] == pytest.approx(2.5) and "sd-naive" not in s
+    assert first_diff([1, 2, 3], [1, 2, 4]) == 2 and first_diff([1], [1]) is None
+
+
+def test_fill_cache_leaves_the_compressed_blocks_of_its_keys():
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=16)
+    r = Runner(make_tiny_model(0, n_layers=2), attention="nsa", nsa=cfg, max_len=200)
+    fill_cache(r, 150, torch.Generator().manual_seed(0))
+    assert r.length == int(r.cache.dlen) == 150
+    for layer in range(2):
+        want = compress_mean(r.cache.k[layer, :, :150], r.cache.n_cmp, cfg)
+        torch.testing.assert_close(r.cache.k_cmp[layer, :, : r.cache.n_cmp], want)
