@@ -18,13 +18,12 @@ mkdir -p /tmp/stage /tmp/e2e
 for f in .stage/draft/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
 OUTD=${OUT:-bench/results}
 cp /tmp/e2e/* "$OUTD"/ 2>/dev/null || true   # earlier calls' results travel on
-ssv() { python3 -c "import sys; from ssv.cli import main; sys.exit(main())" "$@"; }
 case "${1:?call number}" in
 1)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
         tests/ops/test_glue.py 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
-    timeout 240 ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
+    timeout 240 python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
     ;;
 2)
     timeout 500 python3 -m pytest -q -p no:cacheprovider -x tests/ops/test_nsa_kernels.py -k "route or device or path" \
@@ -32,7 +31,7 @@ case "${1:?call number}" in
     ;;
 3)
     bash scripts/train_draft_gpu.sh assemble
-    timeout 560 ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
+    timeout 560 python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
         --contexts ${CONTEXTS:-1024 4096 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
         --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" 2>&1 | tail -60
     ;;

@@ -30,14 +30,14 @@ class OracleDeviceDrafter:
 
     taps = (0, 1, 2)
 
-    def __init__(self, truth, n_prompt, vocab, miss=5):
-        self.truth = torch.tensor(list(truth) + [0] * 64)
-        self.n_prompt, self.vocab, self.miss = n_prompt, vocab, miss
-        self.vocab_ids = torch.arange(vocab)
-        self.dlen = torch.zeros(1, dtype=torch.long)
-        self.slot_pos = torch.zeros(1, dtype=torch.long)
-        self.hid_buf = torch.zeros(1)
-        self.dlogp_buf = torch.zeros(vocab)
+    def __init__(self, truth, n_prompt, vocab, miss=5, device="cpu"):
+        self.truth = torch.tensor(list(truth) + [0] * 64, device=device)
+        self.n_prompt, self.vocab, self.miss, self.device = n_prompt, vocab, miss, device
+        self.vocab_ids = torch.arange(vocab, device=device)
+        self.dlen = torch.zeros(1, dtype=torch.long, device=device)
+        self.slot_pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.hid_buf = torch.zeros(1, device=device)
+        self.dlogp_buf = torch.zeros(vocab, device=device)
         self.length = 0
 
     def reset(self):
@@ -48,25 +48,26 @@ class OracleDeviceDrafter:
         i = (self.dlen - self.n_prompt) + depth_ahead                   # index of the true token
         t = self.truth[i.clamp(0, self.truth.numel() - 1)]
         t = torch.where(i % self.miss == 0, (t + 3) % self.vocab, t)     # a planted miss
-        lp = torch.full((depth_ahead.numel(), self.vocab), -6.0)
-        lp[torch.arange(depth_ahead.numel()), t] = -0.05
-        lp[torch.arange(depth_ahead.numel()), (t + 1) % self.vocab] = -1.0
+        lp = torch.full((depth_ahead.numel(), self.vocab), -6.0, device=self.device)
+        rows = torch.arange(depth_ahead.numel(), device=self.device)
+        lp[rows, t] = -0.05
+        lp[rows, (t + 1) % self.vocab] = -1.0
         return lp
 
     def commit(self, taps, next_tokens):
         self.length += len(next_tokens)
         self.dlen.fill_(self.length)
-        self.dlogp_buf.copy_(self._logp(torch.ones(1, dtype=torch.long))[0])
+        self.dlogp_buf.copy_(self._logp(torch.ones(1, dtype=torch.long, device=self.device))[0])
         return self.dlogp_buf
 
     def expand_rows(self, level, tokens, parent_rows, path_rows):
-        return self._logp(torch.full((tokens.numel(),), level, dtype=torch.long))
+        return self._logp(torch.full((tokens.numel(),), level, dtype=torch.long, device=self.device))
 
     def commit_rows(self, taps, tokens, n):
         for t in taps:
             assert t.shape[0] == tokens.numel()
         self.dlen += n
-        self.dlogp_buf.copy_(self._logp(torch.ones(1, dtype=torch.long))[0])
+        self.dlogp_buf.copy_(self._logp(torch.ones(1, dtype=torch.long, device=self.device))[0])
 
     def advance_host(self, n):
         self.length += n

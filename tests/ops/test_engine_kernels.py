@@ -11,19 +11,20 @@ from ssv.spec.tree import TreeSpec
 
 from ..conftest import make_tiny_model
 from ..engine.test_device_round import GREEDY, NSA, OracleDeviceDrafter
+from .test_nsa_kernels import DEV
 
 CUDA = torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("attention", ["nsa", "dense"])
 def test_kernel_round_emits_reference_ar_tokens(attention):
-    target = make_tiny_model(1, vocab=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16)
+    target = make_tiny_model(1, vocab=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16).to(DEV)
     ref = Runner(target, attention=attention, nsa=NSA, max_len=160, backend="reference")
     prompt = torch.randint(0, 64, (44,), generator=torch.Generator().manual_seed(2)).tolist()
     ar = generate_ar(ref, prompt, GREEDY, 7)
     r = Runner(target, attention=attention, nsa=NSA, max_len=160, backend="triton")
     assert generate_ar(r, prompt, GREEDY, 7, engine=DeviceEngine(r, graphs=False)).token_ids == ar.token_ids
-    d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64)
+    d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64, device=DEV)
     res = generate_spec(r, d, prompt, GREEDY, 7, opts=SpecOptions(tree=TreeSpec(4, 2, 8)),
                         engine=DeviceEngine(r, d, graphs=False))
     assert res.token_ids == ar.token_ids and res.stats["mean_accepted_length"] > 1.5
@@ -41,10 +42,7 @@ def test_graph_replay_equals_eager_round(attention):
     for graphs in (False, True):
         r = Runner(target, attention=attention, nsa=NSA, max_len=150)
         ar = generate_ar(r, prompt, GREEDY, 40, engine=DeviceEngine(r, graphs=graphs))
-        d = OracleDeviceDrafter([0] * 200, len(prompt), 64)
-        d.truth = torch.tensor(ar.token_ids + [0] * 64, device="cuda")
-        for name in ("vocab_ids", "dlen", "slot_pos", "hid_buf", "dlogp_buf"):
-            setattr(d, name, getattr(d, name).cuda())
+        d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64, device="cuda")
         sp = generate_spec(r, d, prompt, GREEDY, 200, opts=SpecOptions(tree=TreeSpec(5, 2, 10)),
                            engine=DeviceEngine(r, d, graphs=graphs))
         outs[graphs] = (ar.token_ids, sp.token_ids, sp.stats["stop"], r.cache.k[:, :, :r.length].float().cpu())
