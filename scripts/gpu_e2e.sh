@@ -32,7 +32,7 @@ case "${1:?call number}" in
 3)
     bash scripts/train_draft_gpu.sh assemble
     timeout 560 python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
-        --contexts ${CONTEXTS:-1024 4096 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
+        --contexts ${CONTEXTS:-4096 1024 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
         --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" 2>&1 | tail -60
     ;;
 esac

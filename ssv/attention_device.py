@@ -120,8 +120,9 @@ class KernelDensePlan(_DevicePlanBase):
 
     def run(self, layer, q, cache, gates=None):
         from ssv.ops.nsa.verify import nsa_verify
+        # every query sees the whole prefix: groups of 16 read each tile once for 16 queries
         o, _, _ = nsa_verify(q, cache.k[layer], cache.v[layer], self.plen, self.positions, self.tmask, self._none,
-                             self.block, self.window, counters=self._counters)
+                             self.block, self.window, group_size=16, counters=self._counters)
         return o
 
 

@@ -161,8 +161,8 @@ def run_default(args, env: dict, save) -> list:
     for mode in table:
         if mode in args.modes:
             run_mode(mode, warm)
-    for family in args.families:
-        for context in args.contexts:
+    for context in args.contexts:   # context-major: a run cut short still covers every family
+        for family in args.families:
             for d, text in enumerate(texts[family][: args.docs]):
                 ids = prompt_ids(tok, family, text, context)
                 ref = {}

@@ -52,7 +52,7 @@ class DeviceEngine:
         logits, _ = model(self.tok, pos, plan, cache)
         nxt = logits[-1].argmax().reshape(1)
         cache.commit_device(torch.zeros(1, dtype=torch.long, device=pos.device), torch.ones_like(nxt))
-        self.out[0] = 1
+        self.out[:1].fill_(1)
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
 
@@ -149,8 +149,10 @@ class DeviceEngine:
         except Exception as e:  # noqa: BLE001 -- a capture failure must cost speed, never the answer
             torch.cuda.synchronize()
             restore()
-            warnings.warn(f"CUDA graph capture of {phases[0][0][0]} failed ({type(e).__name__}: {e}); "
-                          "running it eagerly")
+            import traceback
+            at = traceback.extract_tb(e.__traceback__)[-1]
+            warnings.warn(f"CUDA graph capture of {phases[0][0][0]} failed ({type(e).__name__}: {e} at "
+                          f"{at.filename}:{at.lineno}); running it eagerly")
             self._eager.add(phases[0][0])
             return
         restore()

@@ -78,7 +78,9 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     lp = root_logp.reshape(1, -1).to(torch.float64).clamp_max(0.0)
     v1, t1 = _stable_top(lp, k)
     t1 = t1 if ids is None else ids[t1]
-    tok[1:1 + k], par[1:1 + k], score[1:1 + k] = t1[0], 0, v1[0]
+    # no Python scalars assigned into device tensors: that is a host copy, which a graph cannot hold
+    tok[1:1 + k], score[1:1 + k] = t1[0], v1[0]
+    par[1:1 + k].zero_()
     front = torch.arange(1, 1 + k, device=dev)                  # pool ids, by descending score
     f_rows = torch.full((k, D), -1, dtype=torch.long, device=dev)  # ancestors' rows of each frontier node
     f_parent = torch.full((k,), -1, dtype=torch.long, device=dev)
@@ -172,7 +174,7 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
     best = logits.argmax(-1)                                                  # [T]
     dev = logits.device
     path = torch.full((max_depth + 1,), -1, dtype=torch.long, device=dev)
-    path[0] = 0
+    path[:1].zero_()
     cur = torch.zeros((), dtype=torch.long, device=dev)
     alive = torch.ones((), dtype=torch.bool, device=dev)
     length = torch.ones((), dtype=torch.long, device=dev)
