@@ -41,7 +41,10 @@ class DeviceEngine:
     def _plan(self, key, n: int, opts=None):
         if key not in self._plans:
             r = self.runner
-            self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, r.uses_kernels)
+            # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
+            # reads the length on the host, which a graph cannot
+            kernels = r.backend == "triton" or (r.backend == "auto" and r.device.type == "cuda")
+            self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, kernels)
         return self._plans[key]
 
     def _ar_body(self) -> None:

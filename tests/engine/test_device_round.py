@@ -49,10 +49,8 @@ class OracleDeviceDrafter:
         t = self.truth[i.clamp(0, self.truth.numel() - 1)]
         t = torch.where(i % self.miss == 0, (t + 3) % self.vocab, t)     # a planted miss
         lp = torch.full((depth_ahead.numel(), self.vocab), -6.0, device=self.device)
-        rows = torch.arange(depth_ahead.numel(), device=self.device)
-        lp[rows, t] = -0.05
-        lp[rows, (t + 1) % self.vocab] = -1.0
-        return lp
+        lp.scatter_(1, ((t + 1) % self.vocab)[:, None], -1.0)   # scatter_ of a scalar: capturable
+        return lp.scatter_(1, t[:, None], -0.05)
 
     def commit(self, taps, next_tokens):
         self.length += len(next_tokens)
