@@ -147,7 +147,7 @@ class DeviceEngine:
             graphs = {}
             for key, body in phases:
                 graphs[key] = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graphs[key], pool=self._pool):
+                with torch.cuda.graph(graphs[key], pool=self._pool, capture_error_mode="thread_local"):
                     body()
         except Exception as e:  # noqa: BLE001 -- a capture failure must cost speed, never the answer
             torch.cuda.synchronize()

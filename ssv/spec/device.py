@@ -58,6 +58,22 @@ def _stable_top(x: torch.Tensor, k: int):
     return vals[..., :k], idx[..., :k]
 
 
+def _vocab_top(lp: torch.Tensor, k: int):
+    """`_stable_top` over a vocabulary row of float32 log-probs, as one top-k (not a sort: on CUDA a
+    sort of rows past 4,096 entries takes another path, which a graph capture rejected on the H200)
+    of an int64 key that orders by value, then by the lower index. Values are ranked in float32 (what
+    log_softmax gives; exact for the float64 of those values)."""
+    v = lp.shape[-1]
+    if v <= 4096:
+        return _stable_top(lp.double(), k)
+    bits = lp.float().view(torch.int32)
+    key32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long()      # order-preserving
+    idx = torch.arange(v, device=lp.device)
+    top = torch.topk((key32 << 32) | (v - 1 - idx), k, dim=-1).values
+    ids = (v - 1) - (top & 0xFFFFFFFF)
+    return lp.gather(-1, ids).double(), ids
+
+
 def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec,
               ids: Optional[torch.Tensor] = None) -> DeviceTree:
     """`build_tree` in fixed shapes: the same pool, frontiers and kept set, in creation order.
@@ -75,8 +91,8 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     if T == 1:
         return _kept(tok, par, score, T, D)
     # level 1: the root's children, proposed lowest token id first on equal log-probs
-    lp = root_logp.reshape(1, -1).to(torch.float64).clamp_max(0.0)
-    v1, t1 = _stable_top(lp, k)
+    v1, t1 = _vocab_top(root_logp.reshape(1, -1), k)
+    v1 = v1.clamp_max(0.0)
     t1 = t1 if ids is None else ids[t1]
     # no Python scalars assigned into device tensors: that is a host copy, which a graph cannot hold
     tok[1:1 + k], score[1:1 + k] = t1[0], v1[0]
@@ -88,8 +104,8 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     for t in range(2, D + 1):
         rows = (t - 2) * k + torch.arange(k, device=dev)
         f_rows[:, t - 2] = rows
-        lp = expand(t, tok[front], f_parent, f_rows).to(torch.float64).clamp_max(0.0)  # [k, V]
-        vals, toks = _stable_top(lp, k)                           # [k, k]
+        vals, toks = _vocab_top(expand(t, tok[front], f_parent, f_rows), k)   # [k, k] of [k, V]
+        vals = vals.clamp_max(0.0)
         toks = toks if ids is None else ids[toks]
         cand = base + torch.arange(k * k, device=dev)
         tok[cand] = toks.reshape(-1)

@@ -43,8 +43,10 @@ def test_graph_replay_equals_eager_round(attention):
         r = Runner(target, attention=attention, nsa=NSA, max_len=150)
         ar = generate_ar(r, prompt, GREEDY, 40, engine=DeviceEngine(r, graphs=graphs))
         d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64, device="cuda")
-        sp = generate_spec(r, d, prompt, GREEDY, 200, opts=SpecOptions(tree=TreeSpec(5, 2, 10)),
-                           engine=DeviceEngine(r, d, graphs=graphs))
+        eng = DeviceEngine(r, d, graphs=graphs)
+        sp = generate_spec(r, d, prompt, GREEDY, 200, opts=SpecOptions(tree=TreeSpec(5, 2, 10)), engine=eng)
+        if graphs:  # replayed, not the eager fallback (which would make this comparison vacuous)
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
         outs[graphs] = (ar.token_ids, sp.token_ids, sp.stats["stop"], r.cache.k[:, :, :r.length].float().cpu())
     assert outs[True][0] == outs[False][0]
     assert outs[True][1] == outs[False][1] and outs[True][2] == "context"

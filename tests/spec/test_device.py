@@ -118,3 +118,17 @@ def test_check_spec_refuses_what_the_device_round_cannot_hold():
     with pytest.raises(ValueError, match="depth"):
         check_spec(TreeSpec(12, 16, 20))
     check_spec(TreeSpec(6, 8, 48))
+
+
+@pytest.mark.parametrize("v", [5000, 8192])
+def test_vocab_top_ranks_as_the_stable_sort(v):
+    """The large-vocabulary top-k (an int64 key, no sort) equals the stable descending sort, ties and -inf included."""
+    from ssv.spec.device import _stable_top, _vocab_top
+    g = torch.Generator().manual_seed(v)
+    lp = (-torch.randint(0, 6, (8, v), generator=g).float() * 0.25)
+    lp[:, ::3] = float("-inf")
+    lp[0, :] = float("-inf")
+    lp[0, v - 2] = -0.5
+    vals, ids = _vocab_top(lp, 16)
+    wv, wi = _stable_top(lp.double(), 16)
+    assert torch.equal(ids, wi) and torch.equal(vals, wv)

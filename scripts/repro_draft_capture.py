@@ -1,0 +1,38 @@
+"""Reproduces the open CUDA-graph capture failure of the draft phase (bench/NOTES.md, e2e): random
+weights of the default model's shape, a random EAGLE-3 head, each mode's round timed with its phase events.
+Run on a GPU from the repository root: python3 scripts/repro_draft_capture.py"""
+import sys, time, warnings, torch
+sys.path.insert(0, ".")
+warnings.simplefilter("always")
+from ssv.config import ModelConfig
+from ssv.bench.e2e_steps import random_model, fill_cache
+from ssv.draft import Eagle3Drafter
+from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
+from ssv.engine.runner import Runner
+from ssv.engine.device_round import DeviceEngine
+from ssv.bench.e2e import mode_table
+from ssv.spec.tree import TreeSpec
+cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9, n_kv_heads=3,
+                  head_dim=64, max_seq_len=8192, tie_embeddings=True)
+m = random_model(cfg)
+head = Eagle3Head(Eagle3Config.for_target(cfg, 8192)).cuda().to(torch.bfloat16)
+d = Eagle3Drafter(head, m)
+table = mode_table(30, TreeSpec(6, 8, 48))
+for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16"]), ("dense", ["ar dense", "eagle3 dense"])):
+    r = Runner(m, attention=att, max_len=4096 + 600)
+    fill_cache(r, 4096, torch.Generator(device="cuda").manual_seed(0))
+    d.reset(); d.commit([torch.randn(64, 576, device="cuda", dtype=torch.bfloat16) for _ in range(3)], torch.randint(0, 8192, (64,), device="cuda"))
+    eng = DeviceEngine(r, d)
+    eng.start(7)
+    for mode in modes:
+        opts = table[mode][1]
+        step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
+        for _ in range(3): step()
+        eng.timing, eng.phase_ms = True, {}
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        for _ in range(20): step()
+        wall = (time.perf_counter() - t0) / 20 * 1e3
+        eng.timing = False
+        ph = {k: sorted(v)[len(v) // 2] for k, v in eng.phase_ms.items()}
+        print(f"{att:5s} {mode:16s} wall/round {wall:7.3f} ms  graphed {sorted(k[0] for k in eng._graphs)}  " + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
+        r.cache.dlen.fill_(4096); r.cache.length = 4096
