@@ -36,6 +36,7 @@ class DeviceEngine:
         self._pool = None
         self.timing = False            # record per-phase CUDA event times (phase -> [ms, ...])
         self.phase_ms: dict = {}
+        self._pending: list = []       # this round's (phase, start event, end event)
 
     # ------------------------------------------------------------------ bodies (captured as graphs)
     def _plan(self, key, n: int, opts=None):
@@ -121,7 +122,7 @@ class DeviceEngine:
             self._pending = [(key[0], a, b) for (key, _), a, b in zip(phases, ev, ev[1:])]
 
     def _collect_times(self) -> None:
-        for name, a, b in getattr(self, "_pending", ()):   # after the round's read: the events are done
+        for name, a, b in self._pending:   # after the round's read: the events are done
             self.phase_ms.setdefault(name, []).append(a.elapsed_time(b))
         self._pending = []
 
