@@ -37,11 +37,8 @@ class StepMeta:
         return int(self.positions.numel())
 
 
-class _HostWrite:
+class _HostSlots:
     """The step's new keys/values go to the cache's slots after its host-side length."""
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
-        cache.write(layer, k, v)
 
     def slots(self, cache: KVCache, n: int) -> torch.Tensor:
         """The step's cache slots [N] for the fused cache write (after the host length; made once)."""
@@ -52,7 +49,7 @@ class _HostWrite:
         return hit
 
 
-class DensePlan(_HostWrite):
+class DensePlan(_HostSlots):
     def __init__(self, meta: StepMeta, check: bool = True):
         if check:
             check_visibility(meta.prefix_len, meta.positions.cpu(), meta.tree_mask.cpu())
@@ -98,7 +95,7 @@ class VerifyOptions:
         return self.refresh is None or bool(self.refresh[layer % len(self.refresh)])
 
 
-class NSAPlan(_HostWrite):
+class NSAPlan(_HostSlots):
     """NSA on the reference ops (the CPU path); records routing when asked."""
 
     def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,
@@ -130,7 +127,7 @@ class NSAPlan(_HostWrite):
         return out.o.to(q.dtype)
 
 
-class TritonNSAPlan(_HostWrite):
+class TritonNSAPlan(_HostSlots):
     """NSA on the Triton kernels: routing at refresh layers, one grouped verify launch per layer.
 
     Plan (once per step): path-specific compression weights and the tree mask. Run (per layer): at a

@@ -31,9 +31,6 @@ class _DevicePlanBase:
     def _plan(self) -> None:
         pass
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> None:
-        cache.write_slots(layer, k, v, self._slots)
-
     def slots(self, cache: KVCache, n: int) -> torch.Tensor:
         return self._slots
 

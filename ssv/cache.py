@@ -32,7 +32,7 @@ class KVCache:
         self.length = 0   # committed tokens
         self.n_cmp = 0    # compressed blocks up to date
         # the committed length on the device, read by the device-resident round (its kernels, slot
-        # maps and commits); `sync_device` / `sync_host` hand it over between the two
+        # maps and commits); `sync_device` / `advance_host` hand it over between the two
         self.dlen = torch.zeros(1, dtype=torch.int32, device=device)
 
     def reset(self) -> None:

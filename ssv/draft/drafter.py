@@ -63,11 +63,10 @@ class Eagle3Drafter:
     def _keep_last(self, out: torch.Tensor) -> torch.Tensor:
         """Remember the last row's feature and log-probs [1, H]; returns the target-vocab log-probs."""
         self.last_hidden = out[-1]
-        dlogp = torch.log_softmax(self.head.draft_logits(out[-1:]), -1)[0]
+        dlogp = self.head.draft_logp(out[-1:])[0]
         self.hid_buf.copy_(out[-1])
         self.dlogp_buf.copy_(dlogp)
-        self.last_logp = dlogp.new_full((self.cfg.vocab_size,), float("-inf"))
-        self.last_logp[self.vocab_ids] = dlogp
+        self.last_logp = self.head.to_target(dlogp)
         return self.last_logp
 
     # ------------------------------------------------------------------ committed rows
@@ -145,7 +144,7 @@ class Eagle3Drafter:
         a = masked_attention(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis)
         out = mid.finish(a, feat)
         hid[own] = out
-        return torch.log_softmax(self.head.draft_logits(out), -1)
+        return self.head.draft_logp(out)
 
     @torch.no_grad()
     def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor) -> None:
@@ -171,7 +170,7 @@ class Eagle3Drafter:
         self.slot_pos.index_copy_(0, slots, torch.where(real, pos, -1))
         last = out[(n - 1).clamp_min(0)]                              # [1, H]
         self.hid_buf.copy_(last[0])
-        self.dlogp_buf.copy_(torch.log_softmax(self.head.draft_logits(last), -1)[0])
+        self.dlogp_buf.copy_(self.head.draft_logp(last)[0])
         self.dlen += n
 
     def advance_host(self, n: int) -> None:

@@ -130,9 +130,16 @@ class Eagle3Head(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()
 
-    def target_logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft next-token log-probs [..., vocab] over the TARGET vocabulary (-inf off the draft vocab)."""
-        lp = torch.log_softmax(self.draft_logits(hidden), -1)
+    def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft next-token log-probs [..., draft_vocab] (ids `target_ids()`)."""
+        return torch.log_softmax(self.draft_logits(hidden), -1)
+
+    def to_target(self, lp: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary log-probs -> [..., vocab] over the TARGET vocabulary (-inf off the draft vocab)."""
         out = lp.new_full((*lp.shape[:-1], self.cfg.vocab_size), float("-inf"))
         out[..., self.target_ids()] = lp
         return out
+
+    def target_logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft next-token log-probs [..., vocab] over the TARGET vocabulary (-inf off the draft vocab)."""
+        return self.to_target(self.draft_logp(hidden))

@@ -106,7 +106,7 @@ class Attention(nn.Module):
         q = apply_rope(self.q_proj(x).view(n, c.n_heads, c.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(n, c.n_kv_heads, c.head_dim), cos, sin)
         v = self.v_proj(x).view(n, c.n_kv_heads, c.head_dim)
-        plan.write(self.layer, k, v, cache)
+        cache.write_slots(self.layer, k, v, plan.slots(cache, n))
         gates = torch.sigmoid(self.g_proj(x).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
         o = plan.run(self.layer, q, cache, gates)
         return self.o_proj(o.reshape(n, -1).to(x.dtype))
