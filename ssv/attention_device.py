@@ -42,11 +42,16 @@ class RefDevicePlan(_DevicePlanBase):
         self.attention, self.cfg, self.opts = attention, cfg, opts
 
     def _plan(self) -> None:
-        meta = StepMeta(int(self.plen), self.positions, self.tree_mask)
-        self.inner = DensePlan(meta, check=False) if self.attention == "dense" else NSAPlan(meta, self.cfg, self.opts)
+        from ssv.engine.sync_guard import host_read
+        with host_read():   # the reference plans take a host length: this plan is never captured
+            meta = StepMeta(int(self.plen), self.positions, self.tree_mask)
+            self.inner = (DensePlan(meta, check=False) if self.attention == "dense"
+                          else NSAPlan(meta, self.cfg, self.opts))
 
     def run(self, layer, q, cache, gates=None):
-        return self.inner.run(layer, q, cache, gates)
+        from ssv.engine.sync_guard import host_read
+        with host_read():
+            return self.inner.run(layer, q, cache, gates)
 
 
 class KernelNSAPlan(_DevicePlanBase):

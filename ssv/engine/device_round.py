@@ -10,6 +10,8 @@ runs the same code uncaptured.
 """
 from __future__ import annotations
 
+import contextlib
+import traceback
 import warnings
 from typing import Optional
 
@@ -17,12 +19,37 @@ import torch
 
 from ssv.attention_device import device_plan
 from ssv.engine.runner import Runner
+from ssv.engine.sync_guard import NoHostSync
 from ssv.spec.device import accept_greedy_device, ancestor_mask, check_spec, flatten_device, grow_tree
 
 
+def _guarded(on: bool):
+    """The host-sync guard (and, on CUDA, torch's sync debug mode set to raise) when `on`."""
+    if not on:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(NoHostSync())
+    if torch.cuda.is_available():
+        prev = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        stack.callback(torch.cuda.set_sync_debug_mode, prev)
+    return stack
+
+
+def _where(e: BaseException) -> str:
+    """The innermost frame of ssv's own code in the traceback (where the offending op was called)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    own = [f for f in frames if "/ssv/" in f.filename.replace("\\", "/")] or frames
+    return f"{own[-1].filename}:{own[-1].lineno}" if own else "?"
+
+
 class DeviceEngine:
-    def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None):
+    def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False):
+        """graphs: capture CUDA graphs (default: on CUDA). check_sync: run every eager round under the
+        host-sync guard (a debugging aid, like CUDA_LAUNCH_BLOCKING; the first warm-up before a
+        capture always runs under it)."""
         self.runner, self.drafter = runner, drafter
+        self.check_sync = bool(check_sync)
         dev = runner.device
         self.graphs = dev.type == "cuda" if graphs is None else bool(graphs)
         if self.graphs and dev.type != "cuda":
@@ -115,7 +142,11 @@ class DeviceEngine:
             if self.timing and self.graphs:
                 ev.append(torch.cuda.Event(enable_timing=True))
                 ev[-1].record()
-            self._graphs[key].replay() if graphed else body()
+            if graphed:
+                self._graphs[key].replay()
+            else:
+                with _guarded(self.check_sync):
+                    body()
         if ev:
             ev.append(torch.cuda.Event(enable_timing=True))
             ev[-1].record()
@@ -128,7 +159,10 @@ class DeviceEngine:
 
     def _capture(self, phases) -> None:
         # warm up (compiles, occupancy lookups, allocator) on a copy of the round's state, restored
-        # after: a warm-up commits like a real round; the capture itself runs nothing
+        # after: a warm-up commits like a real round; the capture itself runs nothing. The first
+        # warm-up runs under the host-sync guard: an op a graph cannot hold is found at the op,
+        # before a capture starts (inside one it would only show as an invalidated capture at its
+        # end, with the graph pool left half-captured)
         saved = [t.clone() for t in self._state()]
 
         def restore():
@@ -136,13 +170,16 @@ class DeviceEngine:
                 t.copy_(s)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        stage = "warm-up"
         try:
             with torch.cuda.stream(side):
-                for _ in range(2):
-                    for _, body in phases:
-                        body()
+                for i in range(2):
+                    with _guarded(i == 0):
+                        for _, body in phases:
+                            body()
                     restore()
             torch.cuda.current_stream().wait_stream(side)
+            stage = "capture"
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graphs = {}
@@ -151,16 +188,28 @@ class DeviceEngine:
                 with torch.cuda.graph(graphs[key], pool=self._pool, capture_error_mode="thread_local"):
                     body()
         except Exception as e:  # noqa: BLE001 -- a capture failure must cost speed, never the answer
+            if stage == "capture":
+                self._release_pool()
             torch.cuda.synchronize()
             restore()
-            import traceback
-            at = traceback.extract_tb(e.__traceback__)[-1]
-            warnings.warn(f"CUDA graph capture of {phases[0][0][0]} failed ({type(e).__name__}: {e} at "
-                          f"{at.filename}:{at.lineno}); running it eagerly")
+            at = _where(e)
+            warnings.warn(f"CUDA graph {stage} of {phases[0][0][0]} failed ({type(e).__name__}: {e} at {at}); "
+                          "running it eagerly")
             self._eager.add(phases[0][0])
             return
         restore()
         self._graphs.update(graphs)
+
+    def _release_pool(self) -> None:
+        """After a failed capture: the allocator may still route this stream's allocations to the pool
+        (the capture's end never ran); end that and leave the pool to the graphs already captured."""
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        if end is not None:
+            try:
+                end(torch.cuda.current_device(), self._pool)
+            except Exception:  # noqa: BLE001 -- nothing was routed: nothing to end
+                pass
+        self._pool = None
 
     # ------------------------------------------------------------------ rounds
     def start(self, token: int) -> None:

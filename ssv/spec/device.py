@@ -191,16 +191,17 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
     dev = logits.device
     path = torch.full((max_depth + 1,), -1, dtype=torch.long, device=dev)
     path[:1].zero_()
-    cur = torch.zeros((), dtype=torch.long, device=dev)
-    alive = torch.ones((), dtype=torch.bool, device=dev)
-    length = torch.ones((), dtype=torch.long, device=dev)
+    # [1] tensors, never 0-dim: indexing with a 0-dim tensor reads it on the host (`.item()`)
+    cur = torch.zeros(1, dtype=torch.long, device=dev)
+    alive = torch.ones(1, dtype=torch.bool, device=dev)
+    length = torch.ones(1, dtype=torch.long, device=dev)
     for d in range(1, max_depth + 1):
-        hit = (tree.parents == cur) & (tree.tokens == best[cur]) & alive
+        hit = (tree.parents == cur) & (tree.tokens == best[cur]) & alive     # [T]
         # among equal scores argmax takes the first: the lower index, as sorted_children does
-        nxt = torch.argmax(torch.where(hit, tree.scores, float("-inf")))
-        found = hit.any()
+        nxt = torch.argmax(torch.where(hit, tree.scores, float("-inf"))).reshape(1)
+        found = hit.any().reshape(1)
         cur = torch.where(found, nxt, cur)
-        path[d] = torch.where(found, nxt, path[d])
+        path[d:d + 1] = torch.where(found, nxt, path[d:d + 1])
         length = length + found.long()
         alive = alive & found
-    return path, length.reshape(1), best[cur].reshape(1)
+    return path, length, best[cur]

@@ -23,10 +23,10 @@ def test_kernel_round_emits_reference_ar_tokens(attention):
     prompt = torch.randint(0, 64, (44,), generator=torch.Generator().manual_seed(2)).tolist()
     ar = generate_ar(ref, prompt, GREEDY, 7)
     r = Runner(target, attention=attention, nsa=NSA, max_len=160, backend="triton")
-    assert generate_ar(r, prompt, GREEDY, 7, engine=DeviceEngine(r, graphs=False)).token_ids == ar.token_ids
+    assert generate_ar(r, prompt, GREEDY, 7, engine=DeviceEngine(r, graphs=False, check_sync=True)).token_ids == ar.token_ids
     d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64, device=DEV)
     res = generate_spec(r, d, prompt, GREEDY, 7, opts=SpecOptions(tree=TreeSpec(4, 2, 8)),
-                        engine=DeviceEngine(r, d, graphs=False))
+                        engine=DeviceEngine(r, d, graphs=False, check_sync=True))
     assert res.token_ids == ar.token_ids and res.stats["mean_accepted_length"] > 1.5
 
 
@@ -51,3 +51,33 @@ def test_graph_replay_equals_eager_round(attention):
     assert outs[True][0] == outs[False][0]
     assert outs[True][1] == outs[False][1] and outs[True][2] == "context"
     assert torch.equal(outs[True][3], outs[False][3])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("where", ["warm-up", "capture"])
+def test_capture_failure_falls_back_and_later_captures_work(monkeypatch, where):
+    """A host sync in the AR body: found by the guard in the warm-up (`.item()`), or only inside the
+    capture (a device synchronize, which the guard cannot see). Either way the engine warns, runs the
+    step eagerly with the right tokens, and a later engine in the same process captures and replays."""
+    target = make_tiny_model(1, vocab=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 64, (50,), generator=torch.Generator().manual_seed(5)).tolist()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=150)
+    ref = generate_ar(r, prompt, GREEDY, 20, engine=DeviceEngine(r, graphs=False)).token_ids
+    body = DeviceEngine._ar_body
+
+    def bad(self):
+        body(self)
+        if where == "warm-up":
+            int(self.tok[0])
+        elif torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+    monkeypatch.setattr(DeviceEngine, "_ar_body", bad)
+    eng = DeviceEngine(r)
+    with pytest.warns(UserWarning, match=f"CUDA graph {where} of ar failed"):
+        assert generate_ar(r, prompt, GREEDY, 20, engine=eng).token_ids == ref
+    assert ("ar",) in eng._eager and not eng._graphs
+    monkeypatch.setattr(DeviceEngine, "_ar_body", body)
+    again = DeviceEngine(r)
+    assert generate_ar(r, prompt, GREEDY, 20, engine=again).token_ids == ref
+    assert ("ar",) in again._graphs and not again._eager
