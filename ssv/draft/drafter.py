@@ -19,13 +19,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention
+from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention, masked_attention_fused
 from ssv.spec.tree import DraftTree, TreeSpec, build_tree
 
 
 class Eagle3Drafter:
-    def __init__(self, head: Eagle3Head, target, chunk: int = 512):
-        """head: an Eagle3Head (moved to the target's device and dtype); target: ssv Transformer."""
+    def __init__(self, head: Eagle3Head, target, chunk: int = 512, fused: Optional[bool] = None):
+        """head: an Eagle3Head (moved to the target's device and dtype); target: ssv Transformer.
+        fused: the device round's layer through the glue kernels and one SDPA call (default: on CUDA)."""
         cfg = head.cfg
         check_compatible(cfg, target.cfg)
         p = next(target.parameters())
@@ -37,6 +38,7 @@ class Eagle3Drafter:
         self.taps = tuple(sorted(ids))            # what to ask Transformer.forward for (ascending)
         self._order = [self.taps.index(i) for i in ids]  # tapped (ascending) -> fc column order
         self.window = cfg.window
+        self.fused = self.device.type == "cuda" if fused is None else bool(fused)
         self.chunk = max(1, min(chunk, self.window))
         # ring slots [0, window) and one spare slot: the device commit's padded rows land there
         shape = (self.window + 1, cfg.num_key_value_heads, cfg.head_dim)
@@ -132,8 +134,12 @@ class Eagle3Drafter:
         feat = torch.where((parent_rows < 0)[:, None], self.hid_buf[None], hid[parent_rows.clamp_min(0)])
         pos = (self.dlen - 1) + (level - 1)                          # [1]: every frontier node's position
         cos, sin = self.head.rope(pos.expand(f))
-        q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), feat, cos, sin)
-        sk[own], sv[own] = k, v
+        emb = self.embed(tokens).to(self.dtype)
+        if self.fused:
+            q = mid.qkv_write(emb, feat, cos, sin, sk, sv, own)
+        else:
+            q, k, v = mid.qkv(emb, feat, cos, sin)
+            sk[own], sv[own] = k, v
         # ancestors at depth j + 1 (column j) are visible when within the window, as in `propose`
         cols = torch.arange(depth, device=self.device)
         ok = (path_rows >= 0) & ((level - 1) - (cols[None] + 1) < W)
@@ -141,10 +147,15 @@ class Eagle3Drafter:
         scr = scr.scatter_add_(1, path_rows.clamp_min(0), ok.to(torch.int32)) > 0   # padding adds 0
         ring = self.slot_pos[:W]
         vis = torch.cat([((ring >= 0) & (ring > pos - W))[None].expand(f, W), scr], 1)
-        a = masked_attention(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis)
-        out = mid.finish(a, feat)
+        out = self._attend(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis, feat)
         hid[own] = out
         return self.head.draft_logp(out)
+
+    def _attend(self, q, k, v, vis, residual) -> torch.Tensor:
+        mid = self.head.midlayer
+        if self.fused:
+            return mid.finish_fused(masked_attention_fused(q, k, v, vis), residual)
+        return mid.finish(masked_attention(q, k, v, vis), residual)
 
     @torch.no_grad()
     def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor) -> None:
@@ -156,14 +167,19 @@ class Eagle3Drafter:
         pos = self.dlen + torch.arange(R, device=self.device)
         real = torch.arange(R, device=self.device) < n
         cos, sin = self.head.rope(pos)
-        q, k, v = self.head.midlayer.qkv(self.embed(tokens).to(self.dtype), hidden, cos, sin)
+        emb, mid = self.embed(tokens).to(self.dtype), self.head.midlayer
+        if self.fused:
+            k = torch.empty(R, *self.k.shape[1:], dtype=self.dtype, device=self.device)
+            v = torch.empty_like(k)
+            q = mid.qkv_write(emb, hidden, cos, sin, k, v, torch.arange(R, device=self.device))
+        else:
+            q, k, v = mid.qkv(emb, hidden, cos, sin)
         ring = self.slot_pos[:W]
         vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
         vis_new = (pos[None] <= pos[:, None]) & real[None]
         vis_new = vis_new | torch.eye(R, dtype=torch.bool, device=self.device)  # padded rows see themselves
-        a = masked_attention(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
-                             torch.cat([vis_ring, vis_new], 1))
-        out = self.head.midlayer.finish(a, hidden)
+        out = self._attend(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
+                           torch.cat([vis_ring, vis_new], 1), hidden)
         slots = torch.where(real, pos % W, W)
         self.k.index_copy_(0, slots, k)
         self.v.index_copy_(0, slots, v)

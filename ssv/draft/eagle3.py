@@ -36,11 +36,12 @@ only relative offsets matter to RoPE, so the absolute value is harmless at any l
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ssv.draft.config import (ARCHITECTURE, DEFAULT_WINDOW, Eagle3Config, check_compatible,  # noqa: F401
                               default_layer_ids)
-from ssv.model.layers import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import MLP, RMSNorm, _cat_cached, apply_rope, fused_glue, rope_cos_sin, rope_inv_freq
 
 
 class Eagle3Attention(nn.Module):
@@ -79,6 +80,25 @@ class Eagle3Layer(nn.Module):
         h = residual + self.self_attn.o_proj(attn.to(residual.dtype))
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    # the fused twins of qkv / finish (the target's glue kernels: ~7 launches where the eager
+    # layer takes ~50), for the device round's fixed shapes; tests compare them with the eager ones
+    def qkv_write(self, emb, hidden, cos, sin, k_buf, v_buf, slots) -> torch.Tensor:
+        """qkv, with k and v stored at rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]."""
+        from ssv.ops.glue.ops import rmsnorm, rope_write
+        c, a = self.c, self.self_attn
+        x = torch.cat([rmsnorm(emb, self.input_layernorm.weight, self.input_layernorm.eps),
+                       rmsnorm(hidden, self.hidden_norm.weight, self.hidden_norm.eps)], -1)
+        w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
+                          k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots)
+
+    def finish_fused(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        from ssv.ops.glue.ops import rmsnorm, swiglu
+        m, n = self.mlp, self.post_attention_layernorm
+        h = torch.addmm(residual, attn.to(residual.dtype), self.self_attn.o_proj.weight.t())
+        gu = F.linear(rmsnorm(h, n.weight, n.eps), _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
+        return torch.addmm(h, swiglu(gu), m.down_proj.weight.t())
+
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """q [N, Hq, D]; k, v [M, Hkv, D]; visible [N, M] bool (every row sees >= 1 key) -> [N, Hq*D] fp32."""
@@ -89,6 +109,18 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     s = s.masked_fill(~visible[:, None, None, :], float("-inf"))
     o = torch.einsum("nhgm,mhd->nhgd", torch.softmax(s, -1), v.float())
     return o.reshape(n, hq * d)
+
+
+def masked_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """`masked_attention` as one SDPA call in the inputs' dtype: the G query heads of a KV head are
+    taken as G x N queries of that head, so no key is repeated -> [N, Hq*D] in q's dtype."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qh = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * n, d)      # [1, Hkv, G*N, D]
+    mask = visible[None].expand(g, n, visible.shape[1]).reshape(1, 1, g * n, -1)
+    o = F.scaled_dot_product_attention(qh, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask)
+    return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)
 
 
 class Eagle3Head(nn.Module):
@@ -128,6 +160,9 @@ class Eagle3Head(nn.Module):
         return self.fc(feats)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if fused_glue(hidden):
+            from ssv.ops.glue.ops import rmsnorm
+            return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)).float()
         return self.lm_head(self.norm(hidden)).float()
 
     def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:

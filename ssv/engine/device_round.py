@@ -20,7 +20,7 @@ import torch
 from ssv.attention_device import device_plan
 from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import NoHostSync
-from ssv.spec.device import accept_greedy_device, ancestor_mask, check_spec, flatten_device, grow_tree
+from ssv.spec.device import accept_greedy_device, check_spec, flatten_device_masked, grow_tree
 
 
 def _guarded(on: bool):
@@ -92,9 +92,8 @@ class DeviceEngine:
     def _draft_body(self, opts, io: dict) -> None:
         cache, dr, spec = self.runner.cache, self.drafter, opts.tree
         tree = grow_tree(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, ids=dr.vocab_ids)
-        flat, _ = flatten_device(tree, opts.order, spec)
-        io["tree"] = flat
-        io["mask"] = ancestor_mask(flat.parents, spec.depth)
+        flat, _, mask = flatten_device_masked(tree, opts.order, spec)
+        io["tree"], io["mask"] = flat, mask
         io["pos"] = cache.dlen.long() + flat.depth
 
     def _verify_body(self, opts, io: dict) -> None:

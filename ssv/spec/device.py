@@ -13,6 +13,9 @@ from typing import Callable, Optional
 
 import torch
 
+from ssv.ops.accept.naive import accept_greedy_walk_naive
+from ssv.ops.accept.ops import MAX_T, accept_greedy_walk
+from ssv.ops.topk.ops import MAX_V, vocab_topk
 from ssv.spec.tree import ORDERS, TreeSpec
 
 # BFS/DFS orders sort by a key of sibling ranks packed one digit per level (rank + 1 <= top_k, so
@@ -64,6 +67,8 @@ def _vocab_top(lp: torch.Tensor, k: int):
     of an int64 key that orders by value, then by the lower index. Values are ranked in float32 (what
     log_softmax gives; exact for the float64 of those values)."""
     v = lp.shape[-1]
+    if lp.is_cuda and lp.dim() == 2 and v <= MAX_V:
+        return vocab_topk(lp.contiguous(), k)       # one launch (ssv/ops/topk)
     if v <= 4096:
         return _stable_top(lp.double(), k)
     bits = lp.float().view(torch.int32)
@@ -89,7 +94,7 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     score = torch.zeros(M, dtype=torch.float64, device=dev)
     tok[0] = root_token
     if T == 1:
-        return _kept(tok, par, score, T, D)
+        return _kept(tok, par, score, T)
     # level 1: the root's children, proposed lowest token id first on equal log-probs
     v1, t1 = _vocab_top(root_logp.reshape(1, -1), k)
     v1 = v1.clamp_max(0.0)
@@ -117,10 +122,10 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
         f_parent = rows[best // k]
         f_rows = f_rows[best // k].clone()
         base += k * k
-    return _kept(tok, par, score, T, D)
+    return _kept(tok, par, score, T, k)
 
 
-def _kept(tok, par, score, T: int, D: int) -> DeviceTree:
+def _kept(tok, par, score, T: int, k: int = 1) -> DeviceTree:
     M = tok.numel()
     dev = tok.device
     _, order = _stable_top(score[1:], T - 1)
@@ -128,16 +133,10 @@ def _kept(tok, par, score, T: int, D: int) -> DeviceTree:
     new_index = torch.full((M,), -1, dtype=torch.long, device=dev)
     new_index[kept] = torch.arange(T, device=dev)
     parents = torch.where(par[kept] >= 0, new_index[par[kept].clamp_min(0)], par[kept])
-    return DeviceTree(tok[kept], parents, score[kept].float(), _depths(parents, D))
-
-
-def _depths(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    depth = torch.zeros_like(parents)
-    cur = parents
-    for _ in range(max_depth):
-        depth += (cur >= 0).long()
-        cur = torch.where(cur >= 0, parents[cur.clamp_min(0)], cur)
-    return depth
+    # a pool node's depth is fixed by where it was created: the root, k children, then k*k a level
+    i = kept
+    depth = torch.where(i == 0, 0, torch.where(i <= k, 1, 2 + (i - 1 - k).clamp_min(0) // (k * k)))
+    return DeviceTree(tok[kept], parents, score[kept].float(), depth)
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -163,6 +162,12 @@ def sibling_rank(tree: DeviceTree) -> torch.Tensor:
 
 def flatten_device(tree: DeviceTree, order: str, spec: TreeSpec):
     """`flatten` on the device: (tree in the traversal order, perm with perm[new] = old)."""
+    flat, perm, _ = flatten_device_masked(tree, order, spec)
+    return flat, perm
+
+
+def flatten_device_masked(tree: DeviceTree, order: str, spec: TreeSpec):
+    """`flatten_device` and the flattened tree's `ancestor_mask` (permuted, not recomputed)."""
     if order not in ORDERS:
         raise ValueError(f"flatten: order must be one of {ORDERS}, got {order!r}")
     check_spec(spec)
@@ -180,7 +185,8 @@ def flatten_device(tree: DeviceTree, order: str, spec: TreeSpec):
     inverse[perm] = torch.arange(tree.n, device=perm.device)
     old_par = tree.parents[perm]
     parents = torch.where(old_par >= 0, inverse[old_par.clamp_min(0)], old_par)
-    return DeviceTree(tree.tokens[perm], parents, tree.scores[perm], tree.depth[perm]), perm
+    flat = DeviceTree(tree.tokens[perm], parents, tree.scores[perm], tree.depth[perm])
+    return flat, perm, mask[perm][:, perm]
 
 
 def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int):
@@ -188,20 +194,6 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
     [1] int64, root included; bonus [1] int64): the target's argmax (lowest id on ties) followed
     through the tree, the first matching child in sibling order."""
     best = logits.argmax(-1)                                                  # [T]
-    dev = logits.device
-    path = torch.full((max_depth + 1,), -1, dtype=torch.long, device=dev)
-    path[:1].zero_()
-    # [1] tensors, never 0-dim: indexing with a 0-dim tensor reads it on the host (`.item()`)
-    cur = torch.zeros(1, dtype=torch.long, device=dev)
-    alive = torch.ones(1, dtype=torch.bool, device=dev)
-    length = torch.ones(1, dtype=torch.long, device=dev)
-    for d in range(1, max_depth + 1):
-        hit = (tree.parents == cur) & (tree.tokens == best[cur]) & alive     # [T]
-        # among equal scores argmax takes the first: the lower index, as sorted_children does
-        nxt = torch.argmax(torch.where(hit, tree.scores, float("-inf"))).reshape(1)
-        found = hit.any().reshape(1)
-        cur = torch.where(found, nxt, cur)
-        path[d:d + 1] = torch.where(found, nxt, path[d:d + 1])
-        length = length + found.long()
-        alive = alive & found
-    return path, length, best[cur]
+    if logits.is_cuda and tree.n <= MAX_T:
+        return accept_greedy_walk(tree.parents, tree.tokens, tree.scores, best, max_depth)
+    return accept_greedy_walk_naive(tree.parents, tree.tokens, tree.scores, best, max_depth)

@@ -9,7 +9,10 @@ from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.tree import TreeSpec
 
+from ssv.draft import Eagle3Drafter
+
 from ..conftest import make_tiny_model
+from ..draft.helpers import tiny_head
 from ..engine.test_device_round import GREEDY, NSA, OracleDeviceDrafter
 from .test_nsa_kernels import DEV
 
@@ -28,6 +31,42 @@ def test_kernel_round_emits_reference_ar_tokens(attention):
     res = generate_spec(r, d, prompt, GREEDY, 7, opts=SpecOptions(tree=TreeSpec(4, 2, 8)),
                         engine=DeviceEngine(r, d, graphs=False, check_sync=True))
     assert res.token_ids == ar.token_ids and res.stats["mean_accepted_length"] > 1.5
+
+
+def test_kernel_round_with_the_fused_eagle3_drafter_emits_ar_tokens():
+    """The real drafter on its fused layer (glue kernels, top-k and accept kernels) in the kernel round:
+    strict verification keeps AR's tokens whatever the draft proposes."""
+    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).to(DEV)
+    ref = Runner(target, attention="nsa", nsa=NSA, max_len=200, backend="reference")
+    prompt = torch.randint(0, 64, (33,), generator=torch.Generator().manual_seed(6)).tolist()
+    ar = generate_ar(ref, prompt, GREEDY, 5)
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=200, backend="triton")
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40), target, fused=True)
+    res = generate_spec(r, d, prompt, GREEDY, 5, opts=SpecOptions(tree=TreeSpec(3, 2, 6)),
+                        engine=DeviceEngine(r, d, graphs=False, check_sync=True))
+    assert res.token_ids == ar.token_ids
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_eagle3_round():
+    """The real drafter's three graphs (draft on the fused layer, verify, accept + commit) against the
+    same rounds run eagerly: the same tokens, rounds and committed draft rows."""
+    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(7)).tolist()
+    head = tiny_head(target, draft_vocab=40, window=16)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=200)
+        d = Eagle3Drafter(head, target)
+        eng = DeviceEngine(r, d, graphs=graphs)
+        sp = generate_spec(r, d, prompt, GREEDY, 80, opts=SpecOptions(tree=TreeSpec(5, 3, 16)), engine=eng)
+        if graphs:
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+        outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.k[:16].float().cpu(), d.slot_pos.cpu())
+    assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
+    assert torch.equal(outs[True][3], outs[False][3])
+    torch.testing.assert_close(outs[True][2], outs[False][2])
 
 
 @pytest.mark.cuda

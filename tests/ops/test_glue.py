@@ -37,7 +37,8 @@ def test_rope_write_matches_naive_and_touches_only_its_slots(n, hq, hkv, d):
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     f = pos.float()[:, None] * inv[None]
     cos, sin = torch.cat([f, f], -1).cos().to(DEV), torch.cat([f, f], -1).sin().to(DEV)
-    slots = torch.randperm(40, generator=g)[:n].to(DEV)
+    # a strided column of slots (the drafter hands one over)
+    slots = torch.randperm(40, generator=g)[:2 * n].view(n, 2)[:, 1].to(DEV)
     caches = [torch.full((hkv, 40, d), float("nan"), dtype=DT, device=DEV) for _ in range(4)]
     q = rope_write(qkv, cos, sin, hq, hkv, caches[0], caches[1], slots)
     q_ref = rope_write_naive(qkv, cos, sin, hq, hkv, caches[2], caches[3], slots)

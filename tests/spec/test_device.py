@@ -4,7 +4,7 @@ import torch
 
 from ssv.spec.accept import accept_greedy
 from ssv.spec.device import (DeviceTree, accept_greedy_device, ancestor_mask, check_spec, flatten_device,
-                             grow_tree)
+                             flatten_device_masked, grow_tree)
 from ssv.spec.tree import DraftTree, TreeSpec, build_tree, flatten, tree_metadata
 
 SPECS = [TreeSpec(1, 1, 2), TreeSpec(3, 2, 7), TreeSpec(4, 3, 12), TreeSpec(6, 8, 48), TreeSpec(5, 4, 61),
@@ -91,6 +91,8 @@ def test_flatten_device_matches_flatten(order, seed):
     meta = tree_metadata(want, 100)
     assert torch.equal(ancestor_mask(got.parents, spec.depth), meta.mask)
     assert torch.equal(got.depth + 100, meta.positions)
+    _, _, mask = flatten_device_masked(_dev(tree), order, spec)   # the permuted mask the round uses
+    assert torch.equal(mask, meta.mask)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -32,6 +32,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
         raise ValueError("rope_write: k and v caches must share shape and strides, rows contiguous")
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    slots = slots.contiguous()   # the kernel reads slots[n] at n: a strided column would be misread
     q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
     if n:
         rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), cos.stride(0),

@@ -1,0 +1,28 @@
+"""Launcher of the vocabulary top-k (one launch for the rows of a draft level)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ssv.ops.topk.kernels import vocab_topk_fwd_kernel
+
+# a row lives in one program's registers: past this many entries the torch path (naive.py's
+# int64-key top-k twin in ssv.spec.device) is used instead
+MAX_V = 16384
+
+
+def vocab_topk(x: torch.Tensor, k: int):
+    """x [R, V] (finite or -inf) -> (values [R, k] float64, ids [R, k] int64), descending, ties to the
+    lower index: `vocab_topk_naive` in one launch instead of a sort."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"vocab_topk: x must be [R, V] with contiguous rows, got {tuple(x.shape)}")
+    r, v = x.shape
+    if not 0 < k <= v or v > MAX_V:
+        raise ValueError(f"vocab_topk: needs 0 < k <= V <= {MAX_V}, got k={k}, V={v}")
+    vals = torch.empty(r, k, dtype=torch.float64, device=x.device)
+    ids = torch.empty(r, k, dtype=torch.long, device=x.device)
+    if r:
+        bv = triton.next_power_of_2(v)
+        vocab_topk_fwd_kernel[(r,)](x, vals, ids, x.stride(0), vals.stride(0), V=v, BV=bv, K=k,
+                                    num_warps=8 if bv >= 4096 else 4)
+    return vals, ids
