@@ -1,5 +1,6 @@
-"""Reproduces the open CUDA-graph capture failure of the draft phase (bench/NOTES.md, e2e): random
-weights of the default model's shape, a random EAGLE-3 head, each mode's round timed with its phase events.
+"""The device round of every mode on random weights of the default model's shape and a random EAGLE-3
+head (once the reproduction of the draft-phase capture failure, bench/NOTES.md): each round timed with
+its phase events, its kernels counted by the profiler.
 Run on a GPU from the repository root: python3 scripts/repro_draft_capture.py"""
 import sys, time, warnings, torch
 sys.path.insert(0, ".")
@@ -10,7 +11,7 @@ from ssv.draft import Eagle3Drafter
 from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
 from ssv.engine.runner import Runner
 from ssv.engine.device_round import DeviceEngine
-from ssv.bench.e2e import mode_table
+from ssv.bench.e2e import mode_table, profile_rounds
 from ssv.spec.tree import TreeSpec
 cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9, n_kv_heads=3,
                   head_dim=64, max_seq_len=8192, tie_embeddings=True)
@@ -34,5 +35,8 @@ for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16"
         wall = (time.perf_counter() - t0) / 20 * 1e3
         eng.timing = False
         ph = {k: sorted(v)[len(v) // 2] for k, v in eng.phase_ms.items()}
-        print(f"{att:5s} {mode:16s} wall/round {wall:7.3f} ms  graphed {sorted(k[0] for k in eng._graphs)}  " + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
+        prof = profile_rounds(eng, opts, 6)
+        print(f"{att:5s} {mode:16s} wall/round {wall:7.3f} ms  kernels {prof['launches_per_round']:.0f} busy "
+              f"{prof['gpu_busy_fraction']:.2f}  graphed {sorted(set(k[0] for k in eng._graphs))}  "
+              + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
         r.cache.dlen.fill_(4096); r.cache.length = 4096
