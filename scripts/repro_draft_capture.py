@@ -13,21 +13,23 @@ from ssv.engine.runner import Runner
 from ssv.engine.device_round import DeviceEngine
 from ssv.bench.e2e import mode_table, profile_rounds
 from ssv.spec.tree import TreeSpec
+from ssv.spec.accept import SamplingParams
 cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9, n_kv_heads=3,
                   head_dim=64, max_seq_len=8192, tie_embeddings=True)
 m = random_model(cfg)
 head = Eagle3Head(Eagle3Config.for_target(cfg, 8192)).cuda().to(torch.bfloat16)
 d = Eagle3Drafter(head, m)
 table = mode_table(30, TreeSpec(6, 8, 48))
-for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16"]), ("dense", ["ar dense", "eagle3 dense"])):
+for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16", "sampled"]), ("dense", ["ar dense", "eagle3 dense"])):
     r = Runner(m, attention=att, max_len=4096 + 600)
     fill_cache(r, 4096, torch.Generator(device="cuda").manual_seed(0))
     d.reset(); d.commit([torch.randn(64, 576, device="cuda", dtype=torch.bfloat16) for _ in range(3)], torch.randint(0, 8192, (64,), device="cuda"))
     eng = DeviceEngine(r, d)
     eng.start(7)
     for mode in modes:
-        opts = table[mode][1]
-        step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
+        opts = table["ssv strict" if mode == "sampled" else mode][1]
+        params = SamplingParams(temperature=0.7) if mode == "sampled" else None
+        step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts, params))
         for _ in range(3): step()
         eng.timing, eng.phase_ms = True, {}
         torch.cuda.synchronize(); t0 = time.perf_counter()
@@ -35,7 +37,7 @@ for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16"
         wall = (time.perf_counter() - t0) / 20 * 1e3
         eng.timing = False
         ph = {k: sorted(v)[len(v) // 2] for k, v in eng.phase_ms.items()}
-        prof = profile_rounds(eng, opts, 6)
+        prof = profile_rounds(eng, opts, 6) if mode != "sampled" else {"launches_per_round": 0, "gpu_busy_fraction": 0}
         print(f"{att:5s} {mode:16s} wall/round {wall:7.3f} ms  kernels {prof['launches_per_round']:.0f} busy "
               f"{prof['gpu_busy_fraction']:.2f}  graphed {sorted(set(k[0] for k in eng._graphs))}  "
               + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)

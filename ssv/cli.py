@@ -76,9 +76,9 @@ def cmd_generate(args) -> int:
     ids = _prompt_ids(args, tok)
     record = [] if args.record_routing else None
     runner = Runner(model, attention=args.attention, record=record)
-    # greedy decoding runs the device-resident round (graphed on CUDA unless --eager); sampling,
+    # decoding runs the device-resident round (graphed on CUDA unless --eager), greedy or sampled;
     # --record-routing and --host-round keep the host round
-    use_engine = params.greedy and record is None and not args.host_round
+    use_engine = record is None and not args.host_round
     if args.mode == "ar":
         engine = _engine(args, runner) if use_engine else None
         res = generate_ar(runner, ids, params, args.max_new_tokens, seed=args.seed, stop_ids=tok.eos_ids,

@@ -305,8 +305,10 @@ def test_generate_sampling_is_seeded(capsys, fast_default, default_model):
     b = json.loads(succeeds(argv, capsys).out)
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
     ids = tok.encode_chat([{"role": "user", "content": "Tell me a story."}])
-    want = generate_ar(Runner(model, attention="nsa", max_len=128), ids, SamplingParams(0.7), 10, seed=3,
-                       stop_ids=tok.eos_ids)
+    from ssv.engine.device_round import DeviceEngine
+    r = Runner(model, attention="nsa", max_len=128)
+    # the CLI samples on the device round, its coins from the engine's generator seeded with --seed
+    want = generate_ar(r, ids, SamplingParams(0.7), 10, seed=3, stop_ids=tok.eos_ids, engine=DeviceEngine(r))
     assert a["token_ids"] == want.token_ids
 
 

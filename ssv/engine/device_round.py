@@ -20,7 +20,9 @@ import torch
 from ssv.attention_device import device_plan
 from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import NoHostSync
-from ssv.spec.device import accept_greedy_device, check_spec, flatten_device_masked, grow_tree
+from ssv.spec.accept import probs_unchecked
+from ssv.spec.device import (accept_greedy_device, accept_sample_device, check_spec, flatten_device_masked,
+                             grow_tree, sample_device)
 
 
 def _guarded(on: bool):
@@ -34,6 +36,11 @@ def _guarded(on: bool):
         torch.cuda.set_sync_debug_mode("error")
         stack.callback(torch.cuda.set_sync_debug_mode, prev)
     return stack
+
+
+def _pkey(params):
+    """The sampling parameters as a graph key (None for greedy): they are constants of a graph."""
+    return None if params is None or params.greedy else (float(params.temperature), float(params.top_p))
 
 
 def _where(e: BaseException) -> str:
@@ -56,6 +63,10 @@ class DeviceEngine:
             raise ValueError("CUDA graphs need a CUDA device (use graphs=False / --eager)")
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)   # the next input token / the round's root
         self.out = torch.zeros(64, dtype=torch.long, device=dev)  # [accepted n, emitted tokens...]
+        # sampling: uniforms drawn into static buffers before each replay (outside the graphs, so a
+        # graph is the same function of its inputs whatever the seed)
+        self.gen = torch.Generator(device=dev)
+        self.coin = torch.zeros(1, device=dev)
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
@@ -75,13 +86,16 @@ class DeviceEngine:
             self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, kernels)
         return self._plans[key]
 
-    def _ar_body(self) -> None:
+    def _ar_body(self, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model
         plan = self._plan(("ar",), 1)
         pos = cache.dlen.long()
         plan.plan(cache.dlen, pos, torch.ones(1, 1, dtype=torch.bool, device=pos.device))
         logits, _ = model(self.tok, pos, plan, cache)
-        nxt = logits[-1].argmax().reshape(1)
+        if params is None or params.greedy:
+            nxt = logits[-1].argmax().reshape(1)
+        else:
+            nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
         cache.commit_device(torch.zeros(1, dtype=torch.long, device=pos.device), torch.ones_like(nxt))
         self.out[:1].fill_(1)
         self.out[1:2] = nxt
@@ -102,10 +116,13 @@ class DeviceEngine:
         plan.plan(cache.dlen, io["pos"], io["mask"])
         io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self.drafter.taps)
 
-    def _accept_body(self, opts, io: dict) -> None:
+    def _accept_body(self, opts, io: dict, params=None) -> None:
         cache, dr, D = self.runner.cache, self.drafter, opts.tree.depth
         flat = io["tree"]
-        path, n, bonus = accept_greedy_device(flat, io["logits"], D)
+        if params is None or params.greedy:
+            path, n, bonus = accept_greedy_device(flat, io["logits"], D)
+        else:
+            path, n, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], opts.tree)
         cache.commit_device(path, n)
         rows = path.clamp_min(0)
         j = torch.arange(D + 1, device=rows.device)
@@ -117,11 +134,12 @@ class DeviceEngine:
         self.out[1:D + 2] = nxt
         self.tok.copy_(bonus)
 
-    def _spec_phases(self, opts):
-        io = self._io.setdefault(opts.key(), {})
-        return [(("draft", opts.key()), lambda: self._draft_body(opts, io)),
-                (("verify", opts.key()), lambda: self._verify_body(opts, io)),
-                (("accept", opts.key()), lambda: self._accept_body(opts, io))]
+    def _spec_phases(self, opts, params=None):
+        key = (opts.key(), _pkey(params))
+        io = self._io.setdefault(key, {})
+        return [(("draft", key), lambda: self._draft_body(opts, io)),
+                (("verify", key), lambda: self._verify_body(opts, io)),
+                (("accept", key), lambda: self._accept_body(opts, io, params))], io
 
     # ------------------------------------------------------------------ graphs
     def _state(self):
@@ -211,29 +229,43 @@ class DeviceEngine:
         self._pool = None
 
     # ------------------------------------------------------------------ rounds
-    def start(self, token: int) -> None:
-        """After a host prefill: hand the committed lengths and the first token to the device."""
+    def start(self, token: int, seed: int = 0) -> None:
+        """After a host prefill: hand the committed lengths and the first token to the device; seed
+        the round's coins."""
         self.runner.cache.sync_device()
         self.tok.fill_(int(token))
+        self.gen.manual_seed(int(seed))
 
     @torch.no_grad()
-    def ar_step(self) -> list:
-        """One AR step (greedy); returns the emitted token (the round's one device-to-host read)."""
-        self._run([(("ar",), self._ar_body)])
+    def ar_step(self, params=None) -> list:
+        """One AR step (greedy, or sampled with `params`); returns the emitted token (the round's one
+        device-to-host read)."""
+        if _pkey(params) is None:
+            self._run([(("ar",), self._ar_body)])
+        else:
+            torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
+            self._run([(("ar", _pkey(params)), lambda: self._ar_body(params))])
         tok = int(self.out[1])
         self._collect_times()
         self.runner.cache.advance_host(1)
         return [tok]
 
     @torch.no_grad()
-    def spec_round(self, opts) -> list:
-        """One speculative round (greedy): draft, verify, accept, commit; returns the emitted tokens."""
+    def spec_round(self, opts, params=None) -> list:
+        """One speculative round: draft, verify, accept (greedy, or lossless sampling with `params`),
+        commit; returns the emitted tokens."""
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
         if opts.tree.depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.tree.depth} exceeds the round record's {self.out.numel() - 2}")
-        self._run(self._spec_phases(opts))
+        phases, io = self._spec_phases(opts, params)
+        if _pkey(params) is not None:
+            T, k = opts.tree.total_tokens, opts.tree.top_k
+            if "coins" not in io:
+                io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
+            torch.rand((T, k + 1), generator=self.gen, device=self.coin.device, out=io["coins"])
+        self._run(phases)
         rec = self.out[: opts.tree.depth + 2].tolist()
         self._collect_times()
         n = rec[0]

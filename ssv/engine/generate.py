@@ -64,11 +64,11 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
             gaps.append(float(top[0] - top[1]))
         return lg
     out = [pick_token(gap(logits), params, gen)]
-    fast = engine is not None and params.greedy and not margins
+    fast = engine is not None and not margins
     if fast:
         if engine.runner is not runner:
             raise ValueError("the device engine belongs to another runner")
-        engine.start(out[0])
+        engine.start(out[0], seed)
     _sync(runner.device)
     t1 = time.perf_counter()
     rounds, stop = 0, "length"
@@ -83,7 +83,7 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
             break
         rounds += 1
         if fast:
-            out.extend(engine.ar_step())
+            out.extend(engine.ar_step(params))
             continue
         meta = StepMeta.chain(runner.length, 1)
         logits, _ = runner.forward(torch.tensor([out[-1]]), meta)

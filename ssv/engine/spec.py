@@ -72,8 +72,9 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
                   planner=None, engine=None) -> GenResult:
     """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`.
-    engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): greedy rounds run
-    device-resident (graphed on CUDA); sampling keeps the host round."""
+    engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): rounds run
+    device-resident (graphed on CUDA), greedy or sampled (coins from the engine's generator, seeded
+    with `seed`: the same distribution as the host round, not the same draws)."""
     if opts is None and planner is None:
         raise ValueError("generate_spec needs SpecOptions or a planner")
     check_budget(runner, len(prompt_ids), max_new_tokens)
@@ -88,11 +89,11 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     root = pick_token(logits, params, gen)
     taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
     root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]))
-    fast = engine is not None and params.greedy
+    fast = engine is not None
     if fast:
         if engine.runner is not runner or engine.drafter is not drafter:
             raise ValueError("the device engine belongs to another runner or drafter")
-        engine.start(root)
+        engine.start(root, seed)
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"
@@ -110,7 +111,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             stop = "context"
             break
         if fast:
-            new = engine.spec_round(opts)
+            new = engine.spec_round(opts, params)
         else:
             tree, _ = draft(drafter, root, root_logp, opts)
             logits, taps = verify(runner, tree, opts, taps=drafter.taps)

@@ -130,6 +130,12 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if not isinstance(params, SamplingParams):
         raise ValueError(f"target_probs: params must be SamplingParams, got {type(params).__name__}")
     _check_logits(logits, "target_probs")
+    return probs_unchecked(logits, params)
+
+
+def probs_unchecked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`target_probs` without its input checks, which read the device on the host: the device round's
+    (fixed shapes; its logits come from the target, never from a user)."""
     logits = logits.float()
     if params.greedy:
         top = logits.argmax(dim=-1, keepdim=True)  # first maximum = lowest id

@@ -197,3 +197,73 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
     if logits.is_cuda and tree.n <= MAX_T:
         return accept_greedy_walk(tree.parents, tree.tokens, tree.scores, best, max_depth)
     return accept_greedy_walk_naive(tree.parents, tree.tokens, tree.scores, best, max_depth)
+
+
+def child_table(tree: DeviceTree, k: int) -> torch.Tensor:
+    """[T, k] int64: the children of each node in sibling order (descending score, ties to the lower
+    index: `sorted_children`), -1 padded. k bounds the children of a node (the spec's top-k)."""
+    T, dev = tree.n, tree.parents.device
+    rank = sibling_rank(tree)
+    slot = torch.where(tree.parents >= 0, tree.parents * k + rank.clamp_max(k - 1), T * k)   # root: the dump
+    table = torch.full((T * k + 1,), -1, dtype=torch.long, device=dev)
+    table.index_copy_(0, slot, torch.arange(T, device=dev))
+    return table[: T * k].view(T, k)
+
+
+def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: torch.Tensor, spec: TreeSpec):
+    """`accept.accept_sample` on the device (the same path and bonus for the same coins): at node u
+    the children are tried in sibling order, child j with token x_j accepted when coin[u, j] * R_j <
+    q_j, where q_j = p_u(x_j) (0 for a token an earlier sibling already carried) and R_j the mass
+    not yet removed (p_u's total minus q_1..q_{j-1}): that is coin < p(x_j) renormalised, as the
+    host walk. On a rejection of every child the bonus is drawn by inverse CDF with coin[u, -1]
+    from p_u with the tried tokens removed. coins [T, top_k + 1] uniforms in [0, 1).
+    Returns (path [D + 1] -1 padded, length [1], bonus [1])."""
+    from ssv.spec.accept import probs_unchecked
+    k, D = spec.top_k, spec.depth
+    T, V = logits.shape
+    dev = logits.device
+    probs = probs_unchecked(logits, params).double()                         # [T, V]
+    kids = child_table(tree, k)                                               # [T, k]
+    tri = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)             # [j, i]: i before j
+    path = torch.full((D + 1,), -1, dtype=torch.long, device=dev)
+    path[:1].zero_()
+    cur = torch.zeros(1, dtype=torch.long, device=dev)
+    alive = torch.ones(1, dtype=torch.bool, device=dev)
+    length = torch.ones(1, dtype=torch.long, device=dev)
+    last_removed = torch.zeros(1, V, dtype=torch.bool, device=dev)           # tokens tried at the stop node
+    stop_node = torch.zeros(1, dtype=torch.long, device=dev)
+    for d in range(1, D + 2):     # one more than D: the node at depth D has no children, it only stops
+        row = kids[cur][0]                                                    # [k]
+        valid = row >= 0
+        x = tree.tokens[row.clamp_min(0)]
+        pu = probs[cur][0]                                                    # [V]
+        dup = ((x[:, None] == x[None, :]) & valid[None, :] & tri).any(1)
+        q = torch.where(valid & ~dup, pu[x], 0.0)
+        R = pu.sum() - (q.cumsum(0) - q)
+        acc = valid & (coins[cur, :k][0].double() * R < q)
+        found = acc.any().reshape(1) & alive
+        first = torch.argmax(acc.to(torch.int8)).reshape(1)
+        # the node where the walk stops keeps its tried tokens for the bonus
+        stop_here = alive & ~found
+        removed = torch.zeros(V + 1, dtype=torch.bool, device=dev).index_fill_(0, torch.where(valid, x, V), True)
+        last_removed = torch.where(stop_here[:, None], removed[None, :V], last_removed)
+        stop_node = torch.where(stop_here, cur, stop_node)
+        nxt = row[first]
+        cur = torch.where(found, nxt, cur)
+        if d <= D:
+            path[d:d + 1] = torch.where(found, nxt, path[d:d + 1])
+        length = length + found.long()
+        alive = alive & found
+    # the bonus: inverse CDF at the stop node over what its rejections left
+    p = torch.where(last_removed[0], 0.0, probs[stop_node][0])
+    return path, length, sample_device(p, coins[stop_node, -1])
+
+
+def sample_device(p: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
+    """`accept.sample_from` in tensor ops: p [V] (unnormalised, >= 0), coin [1] in [0, 1) -> [1] int64,
+    the first index whose CDF exceeds coin x total, never a zero-probability one."""
+    p = p.double()
+    cdf = p.cumsum(0)
+    idx = torch.searchsorted(cdf, coin.double() * cdf[-1:], right=True)
+    last_pos = torch.where(p > 0, torch.arange(p.numel(), device=p.device), 0).max().reshape(1)
+    return torch.minimum(idx, last_pos)

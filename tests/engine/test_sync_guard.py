@@ -83,3 +83,26 @@ def test_guarded_eagle3_round_matches_host_round():
     dev = generate_spec(r, d, prompt, GREEDY, 24, opts=opts, engine=DeviceEngine(r, d, check_sync=True))
     assert dev.token_ids == host.token_ids == ar.token_ids
     assert dev.stats["rounds"] == host.stats["rounds"]
+
+
+def test_sampled_device_rounds_are_seeded_and_lossless_in_the_limit():
+    """Sampled AR steps and spec rounds on the device, under the guard: the same seed gives the same
+    tokens, another seed other tokens at temperature 1; at a temperature near 0 they are AR's greedy
+    tokens (the tiny model's top-2 gaps are far wider than the temperature)."""
+    from ssv.spec.accept import SamplingParams
+    target = make_tiny_model(1, vocab=64, n_layers=3)
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(0, 64, (45,), generator=torch.Generator().manual_seed(3)).tolist()
+    ar = generate_ar(r, prompt, GREEDY, 24)
+    d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64)
+    eng = DeviceEngine(r, d, check_sync=True)
+    opts = SpecOptions(tree=TreeSpec(4, 2, 8))
+    cold = SamplingParams(temperature=1e-3)
+    assert generate_ar(r, prompt, cold, 24, engine=DeviceEngine(r, check_sync=True)).token_ids == ar.token_ids
+    res = generate_spec(r, d, prompt, cold, 24, opts=opts, engine=eng)
+    assert res.token_ids == ar.token_ids and res.stats["mean_accepted_length"] > 1.5
+    hot = SamplingParams(temperature=1.0)
+    runs = [generate_spec(r, d, prompt, hot, 24, opts=opts, seed=s, engine=eng).token_ids for s in (5, 5, 6)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+    ar_runs = [generate_ar(r, prompt, hot, 24, seed=s, engine=DeviceEngine(r)).token_ids for s in (5, 5, 6)]
+    assert ar_runs[0] == ar_runs[1] and ar_runs[0] != ar_runs[2]

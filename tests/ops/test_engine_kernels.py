@@ -120,3 +120,27 @@ def test_capture_failure_falls_back_and_later_captures_work(monkeypatch, where):
     again = DeviceEngine(r)
     assert generate_ar(r, prompt, GREEDY, 20, engine=again).token_ids == ref
     assert ("ar",) in again._graphs and not again._eager
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_sampled_graph_replay_equals_eager():
+    """Sampled AR steps and spec rounds (temperature 0.8, top-p 0.9): the graphs, replayed with the
+    coins drawn before each replay, emit what the eager rounds emit for the same seed."""
+    from ssv.spec.accept import SamplingParams
+    target = make_tiny_model(1, vocab=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=200)
+        ar = generate_ar(r, prompt, GREEDY, 40, engine=DeviceEngine(r, graphs=graphs))
+        eng = DeviceEngine(r, graphs=graphs)
+        sa = generate_ar(r, prompt, params, 30, seed=3, engine=eng)
+        d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64, device="cuda")
+        eng = DeviceEngine(r, d, graphs=graphs)
+        sp = generate_spec(r, d, prompt, params, 40, opts=SpecOptions(tree=TreeSpec(4, 2, 8)), seed=3, engine=eng)
+        if graphs:
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+        outs[graphs] = (sa.token_ids, sp.token_ids)
+    assert outs[True] == outs[False]
