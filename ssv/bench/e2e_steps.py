@@ -87,6 +87,7 @@ def synthetic_tree(n: int, gen: torch.Generator, device):
     return depth.to(device), mask.to(device)
 
 
+@torch.no_grad()   # the fused layers run only without autograd (they have no backward)
 def run_steps(contexts, rows: list, save=None) -> list:
     """Append the table's rows for each context to `rows` (save() after each context)."""
     from ssv.bench.kernels import copy_bandwidth

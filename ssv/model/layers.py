@@ -62,8 +62,9 @@ def _cat_cached(owner: nn.Module, name: str, parts) -> torch.Tensor:
 
 
 def fused_glue(x: torch.Tensor) -> bool:
-    """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run."""
-    return x.is_cuda and x.dim() == 2
+    """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run, and
+    so does anything that records gradients (the kernels have no backward: training keeps autograd)."""
+    return x.is_cuda and x.dim() == 2 and not torch.is_grad_enabled()
 
 
 class MLP(nn.Module):
