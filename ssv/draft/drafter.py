@@ -52,7 +52,8 @@ class Eagle3Drafter:
         self.hid_buf = torch.zeros(cfg.hidden_size, dtype=self.dtype, device=self.device)
         self.dlogp_buf = torch.zeros(cfg.draft_vocab_size, dtype=torch.float32, device=self.device)
         self.vocab_ids = self.head.target_ids()
-        self._scratch = None
+        self._scratch = None        # the last expansion's (keys, values, features) scratch
+        self._scratches: dict = {}
         self.reset()
 
     def reset(self) -> None:
@@ -124,11 +125,15 @@ class Eagle3Drafter:
         head, in fixed shapes; returns draft-vocabulary log-probs [F, draft_vocab] (ids `vocab_ids`)."""
         c, mid, W = self.cfg, self.head.midlayer, self.window
         f, depth = tokens.numel(), path_rows.shape[1]
-        if self._scratch is None or self._scratch[0].shape[0] < depth * f:
-            rows = max(1, depth * f)
-            self._scratch = (torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
-                             torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
-                             torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device))
+        rows = max(1, depth * f)
+        # one scratch per size, never freed: a captured draft graph keeps the addresses it was
+        # captured with, so a larger bucket must not release the buffers of a smaller one
+        if rows not in self._scratches:
+            self._scratches[rows] = (
+                torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
+                torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
+                torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device))
+        self._scratch = self._scratches[rows]
         sk, sv, hid = self._scratch
         own = path_rows[:, level - 2]                                # this level's rows
         feat = torch.where((parent_rows < 0)[:, None], self.hid_buf[None], hid[parent_rows.clamp_min(0)])

@@ -147,6 +147,7 @@ class DeviceEngine:
         parts = [c.dlen, self.tok]
         if d is not None:
             parts += [d.dlen, d.slot_pos, d.hid_buf, d.dlogp_buf]
+            parts += [t for t in (getattr(d, "k", None), getattr(d, "v", None)) if isinstance(t, torch.Tensor)]
         return parts
 
     def _run(self, phases) -> None:

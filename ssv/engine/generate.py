@@ -68,7 +68,8 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
     if fast:
         if engine.runner is not runner:
             raise ValueError("the device engine belongs to another runner")
-        engine.start(out[0], seed)
+        # the engine's coins from a seed the host generator draws: never the host's own stream
+        engine.start(out[0], int(torch.randint(2 ** 62, (1,), generator=gen)))
     _sync(runner.device)
     t1 = time.perf_counter()
     rounds, stop = 0, "length"

@@ -93,7 +93,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     if fast:
         if engine.runner is not runner or engine.drafter is not drafter:
             raise ValueError("the device engine belongs to another runner or drafter")
-        engine.start(root, seed)
+        # the engine's coins from a seed the host generator draws: never the host's own stream
+        engine.start(root, int(torch.randint(2 ** 62, (1,), generator=gen)))
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"

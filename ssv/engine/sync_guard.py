@@ -67,6 +67,13 @@ class NoHostSync(TorchDispatchMode):
 
 def host_read():
     """A region that reads the device on the host on purpose (the CPU reference plans, never captured):
-    the guard does not look inside."""
+    neither the guard nor torch's sync debug mode looks inside."""
+    import contextlib
     from torch.utils._python_dispatch import _disable_current_modes
-    return _disable_current_modes()
+    stack = contextlib.ExitStack()
+    stack.enter_context(_disable_current_modes())
+    if torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != 0:
+        prev = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        stack.callback(torch.cuda.set_sync_debug_mode, prev)
+    return stack

@@ -240,7 +240,10 @@ def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: 
         dup = ((x[:, None] == x[None, :]) & valid[None, :] & tri).any(1)
         q = torch.where(valid & ~dup, pu[x], 0.0)
         R = pu.sum() - (q.cumsum(0) - q)
-        acc = valid & (coins[cur, :k][0].double() * R < q)
+        # the last token with mass left is always accepted (the host's p[x] = a / a = 1 exactly;
+        # R - q here is a difference of sums, so it is taken as zero within rounding)
+        last = (q > 0) & (R - q <= 1e-12 * R)
+        acc = valid & ((coins[cur, :k][0].double() * R < q) | last)
         found = acc.any().reshape(1) & alive
         first = torch.argmax(acc.to(torch.int8)).reshape(1)
         # the node where the walk stops keeps its tried tokens for the bonus

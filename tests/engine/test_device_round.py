@@ -140,6 +140,23 @@ def test_drafter_device_expansion_builds_the_host_tree(draft_vocab, window):
     torch.testing.assert_close(dev.scores, host.scores)
 
 
+def test_drafter_scratch_survives_a_larger_bucket():
+    """A captured draft graph keeps its scratch's addresses: a larger tree must get its own scratch,
+    not replace (and free) the smaller one's."""
+    target = draft_target()
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40), target)
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(3, target.cfg.vocab_size, (9,), generator=g)
+    d.commit([torch.randn(9, target.cfg.hidden_size, generator=g) for _ in range(3)], toks)
+    small, large = TreeSpec(3, 2, 6), TreeSpec(5, 3, 15)
+    grow_tree(d.expand_rows, toks[-1], d.dlogp_buf, small, ids=d.vocab_ids)
+    kept = [t.data_ptr() for t in d._scratch]
+    grow_tree(d.expand_rows, toks[-1], d.dlogp_buf, large, ids=d.vocab_ids)
+    assert [t.data_ptr() for t in d._scratch] != kept
+    grow_tree(d.expand_rows, toks[-1], d.dlogp_buf, small, ids=d.vocab_ids)
+    assert [t.data_ptr() for t in d._scratch] == kept
+
+
 def test_drafter_device_commit_matches_host_commit():
     target = draft_target()
     a = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=7), target)

@@ -79,3 +79,19 @@ def test_accept_sample_device_never_takes_a_duplicate_second():
         assert int(path[1]) != 2              # ... and its duplicate is never accepted
         want = accept_sample(tree, logits, params, _host_coins(coins, tree))
         assert _as_result(tree, path, n, bonus).path == want.path
+
+
+def test_accept_sample_device_takes_the_last_token_with_mass():
+    """Children carrying all of p: once the first is rejected the second holds all that is left and is
+    accepted whatever the coin (the host's p[x] = a / a = 1), never a zero-probability bonus."""
+    from ssv.spec.tree import DraftTree
+    tree = DraftTree(torch.tensor([0, 1, 2]), torch.tensor([-1, 0, 0]), torch.tensor([0.0, -1, -2]))
+    p = torch.tensor([[0.0, 0.3, 0.7, 0.0]] * 3, dtype=torch.float64)
+    logits = torch.log(p).float()
+    dt, spec, k = _device(tree)
+    params = SamplingParams(temperature=1.0)
+    for c in (0.7, 0.99, 1 - 1e-7):
+        coins = torch.tensor([[0.999, c, 0.5]] * 3)
+        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec)
+        assert path[:2].tolist() == [0, 2] and int(n) == 2
+        assert accept_sample(tree, logits, params, _host_coins(coins, tree)).path == [0, 2]
