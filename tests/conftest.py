@@ -6,7 +6,12 @@ import os
 import pytest
 import torch
 
-from ssv.config import ModelConfig, NSAConfig, RopeConfig
+# Triton kernels run in its interpreter without a GPU; Triton reads the mode when a kernel module is
+# imported, so it is set here, before any test module imports one (tests/ops/conftest.py too)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ssv.config import ModelConfig, NSAConfig, RopeConfig  # noqa: E402
 
 
 def _default_gguf_available() -> bool:

@@ -14,8 +14,6 @@ from typing import Callable, Optional
 import torch
 
 from ssv.ops.accept.naive import accept_greedy_walk_naive
-from ssv.ops.accept.ops import MAX_T, accept_greedy_walk
-from ssv.ops.topk.ops import MAX_V, vocab_topk
 from ssv.spec.tree import ORDERS, TreeSpec
 
 # BFS/DFS orders sort by a key of sibling ranks packed one digit per level (rank + 1 <= top_k, so
@@ -67,8 +65,10 @@ def _vocab_top(lp: torch.Tensor, k: int):
     of an int64 key that orders by value, then by the lower index. Values are ranked in float32 (what
     log_softmax gives; exact for the float64 of those values)."""
     v = lp.shape[-1]
-    if lp.is_cuda and lp.dim() == 2 and v <= MAX_V:
-        return vocab_topk(lp.contiguous(), k)       # one launch (ssv/ops/topk)
+    if lp.is_cuda and lp.dim() == 2:
+        from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
+        if v <= MAX_V:
+            return vocab_topk(lp.contiguous(), k)       # one launch (ssv/ops/topk)
     if v <= 4096:
         return _stable_top(lp.double(), k)
     bits = lp.float().view(torch.int32)
@@ -194,8 +194,10 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
     [1] int64, root included; bonus [1] int64): the target's argmax (lowest id on ties) followed
     through the tree, the first matching child in sibling order."""
     best = logits.argmax(-1)                                                  # [T]
-    if logits.is_cuda and tree.n <= MAX_T:
-        return accept_greedy_walk(tree.parents, tree.tokens, tree.scores, best, max_depth)
+    if logits.is_cuda:
+        from ssv.ops.accept.ops import MAX_T, accept_greedy_walk   # lazily, as the top-k
+        if tree.n <= MAX_T:
+            return accept_greedy_walk(tree.parents, tree.tokens, tree.scores, best, max_depth)
     return accept_greedy_walk_naive(tree.parents, tree.tokens, tree.scores, best, max_depth)
 
 
