@@ -10,7 +10,6 @@ runs the same code uncaptured.
 """
 from __future__ import annotations
 
-import contextlib
 import traceback
 import warnings
 from typing import Optional
@@ -19,23 +18,10 @@ import torch
 
 from ssv.attention_device import device_plan
 from ssv.engine.runner import Runner
-from ssv.engine.sync_guard import NoHostSync
+from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
 from ssv.spec.device import (accept_greedy_device, accept_sample_device, check_spec, flatten_device_masked,
                              grow_tree, sample_device)
-
-
-def _guarded(on: bool):
-    """The host-sync guard (and, on CUDA, torch's sync debug mode set to raise) when `on`."""
-    if not on:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(NoHostSync())
-    if torch.cuda.is_available():
-        prev = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-        stack.callback(torch.cuda.set_sync_debug_mode, prev)
-    return stack
 
 
 def _pkey(params):
@@ -163,7 +149,7 @@ class DeviceEngine:
             if graphed:
                 self._graphs[key].replay()
             else:
-                with _guarded(self.check_sync):
+                with guarded(self.check_sync):
                     body()
         if ev:
             ev.append(torch.cuda.Event(enable_timing=True))
@@ -192,7 +178,7 @@ class DeviceEngine:
         try:
             with torch.cuda.stream(side):
                 for i in range(2):
-                    with _guarded(i == 0):
+                    with guarded(i == 0):
                         for _, body in phases:
                             body()
                     restore()

@@ -65,6 +65,26 @@ class NoHostSync(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _debug_mode(mode):
+    """torch's CUDA sync debug mode set to `mode` for a region (nothing without CUDA)."""
+    import contextlib
+    stack = contextlib.ExitStack()
+    if torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != mode:
+        stack.callback(torch.cuda.set_sync_debug_mode, torch.cuda.get_sync_debug_mode())
+        torch.cuda.set_sync_debug_mode(mode)
+    return stack
+
+
+def guarded(on: bool = True):
+    """`NoHostSync` and, on CUDA, torch's sync debug mode set to raise, when `on`."""
+    import contextlib
+    stack = contextlib.ExitStack()
+    if on:
+        stack.enter_context(NoHostSync())
+        stack.enter_context(_debug_mode(2))
+    return stack
+
+
 def host_read():
     """A region that reads the device on the host on purpose (the CPU reference plans, never captured):
     neither the guard nor torch's sync debug mode looks inside."""
@@ -72,8 +92,5 @@ def host_read():
     from torch.utils._python_dispatch import _disable_current_modes
     stack = contextlib.ExitStack()
     stack.enter_context(_disable_current_modes())
-    if torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != 0:
-        prev = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(0)
-        stack.callback(torch.cuda.set_sync_debug_mode, prev)
+    stack.enter_context(_debug_mode(0))
     return stack

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from ssv.ops.accept.naive import accept_greedy_walk_naive
+from ssv.spec.accept import probs_unchecked
 from ssv.spec.tree import ORDERS, TreeSpec
 
 # BFS/DFS orders sort by a key of sibling ranks packed one digit per level (rank + 1 <= top_k, so
@@ -60,17 +61,16 @@ def _stable_top(x: torch.Tensor, k: int):
 
 
 def _vocab_top(lp: torch.Tensor, k: int):
-    """`_stable_top` over a vocabulary row of float32 log-probs, as one top-k (not a sort: on CUDA a
-    sort of rows past 4,096 entries takes another path, which a graph capture rejected on the H200)
-    of an int64 key that orders by value, then by the lower index. Values are ranked in float32 (what
-    log_softmax gives; exact for the float64 of those values)."""
+    """`_stable_top` over vocabulary rows of float32 log-probs: on CUDA one Triton launch
+    (ssv/ops/topk), or for rows past its size one top-k of an int64 key that orders by value, then
+    by the lower index (a top-k, whose capture was checked on the H200; a long-row sort's was not).
+    Values are ranked in float32 (what log_softmax gives; exact for their float64)."""
     v = lp.shape[-1]
-    if lp.is_cuda and lp.dim() == 2:
-        from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
-        if v <= MAX_V:
-            return vocab_topk(lp.contiguous(), k)       # one launch (ssv/ops/topk)
-    if v <= 4096:
+    if not (lp.is_cuda and lp.dim() == 2):
         return _stable_top(lp.double(), k)
+    from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
+    if v <= MAX_V:
+        return vocab_topk(lp.contiguous(), k)
     bits = lp.float().view(torch.int32)
     key32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long()      # order-preserving
     idx = torch.arange(v, device=lp.device)
@@ -220,7 +220,6 @@ def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: 
     host walk. On a rejection of every child the bonus is drawn by inverse CDF with coin[u, -1]
     from p_u with the tried tokens removed. coins [T, top_k + 1] uniforms in [0, 1).
     Returns (path [D + 1] -1 padded, length [1], bonus [1])."""
-    from ssv.spec.accept import probs_unchecked
     k, D = spec.top_k, spec.depth
     T, V = logits.shape
     dev = logits.device
