@@ -1,8 +1,8 @@
 """The device round of every mode on random weights of the default model's shape and a random EAGLE-3
 head (once the reproduction of the draft-phase capture failure, bench/NOTES.md): each round timed with
-its phase events, its kernels counted by the profiler.
+its phase events, its kernels counted by the profiler; a table, and JSON in $OUT or bench/results.
 Run on a GPU from the repository root: python3 scripts/repro_draft_capture.py"""
-import sys, time, warnings, torch
+import json, os, sys, time, warnings, torch
 sys.path.insert(0, ".")
 warnings.simplefilter("always")
 from ssv.config import ModelConfig
@@ -20,6 +20,7 @@ m = random_model(cfg)
 head = Eagle3Head(Eagle3Config.for_target(cfg, 8192)).cuda().to(torch.bfloat16)
 d = Eagle3Drafter(head, m)
 table = mode_table(30, TreeSpec(6, 8, 48))
+rows = []
 for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16", "sampled"]), ("dense", ["ar dense", "eagle3 dense"])):
     r = Runner(m, attention=att, max_len=4096 + 600)
     fill_cache(r, 4096, torch.Generator(device="cuda").manual_seed(0))
@@ -38,7 +39,16 @@ for att, modes in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx C16"
         eng.timing = False
         ph = {k: sorted(v)[len(v) // 2] for k, v in eng.phase_ms.items()}
         prof = profile_rounds(eng, opts, 6) if mode != "sampled" else {"launches_per_round": 0, "gpu_busy_fraction": 0}
+        rows.append({"attention": att, "mode": mode, "round_wall_ms": wall, **{f"{k}_ms": v for k, v in ph.items()},
+                     **({} if mode == "sampled" else {"kernels_per_round": prof["launches_per_round"],
+                                                      "gpu_busy_fraction": prof["gpu_busy_fraction"]})})
         print(f"{att:5s} {mode:16s} wall/round {wall:7.3f} ms  kernels {prof['launches_per_round']:.0f} busy "
               f"{prof['gpu_busy_fraction']:.2f}  graphed {sorted(set(k[0] for k in eng._graphs))}  "
               + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
         r.cache.dlen.fill_(4096); r.cache.length = 4096
+from ssv.bench.kernels import environment
+env = environment()
+out = os.path.join(os.environ.get("OUT", "bench/results"), f"device-round-{env['commit']}.json")
+with open(out, "w") as f:
+    json.dump({"env": env, "rows": rows}, f, indent=1)
+print("wrote", out)
