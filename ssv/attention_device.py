@@ -24,7 +24,10 @@ class _DevicePlanBase:
     def plan(self, plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> "_DevicePlanBase":
         """plen [1] int32 committed length; positions [N] (P + depth); tree_mask [N, N] bool."""
         self.plen, self.positions, self.tree_mask = plen, positions, tree_mask
-        self._slots = plen.long() + torch.arange(positions.numel(), device=positions.device)
+        n, ar = positions.numel(), getattr(self, "_ar", None)
+        if ar is None or ar.numel() != n or ar.device != positions.device:
+            self._ar = ar = torch.arange(n, device=positions.device)   # made once: a launch less a step
+        self._slots = plen.long() + ar
         self._plan()
         return self
 
@@ -73,15 +76,17 @@ class KernelNSAPlan(_DevicePlanBase):
         self._kp = torch.zeros(n, hkv, nbp, d, device=dev, dtype=torch.float32)
         self._vp = torch.zeros_like(self._kp)
         self._counters = torch.zeros(num_counters(n, n_heads, hkv, 1), device=dev, dtype=torch.int32)
+        self._meta = None
 
     def _plan(self) -> None:
-        from ssv.ops.nsa.route import path_block_weights_device
-        cfg = self.cfg
-        self.w, self.s0, self.n_path = path_block_weights_device(self.plen, self.positions, self.tree_mask, cfg)
-        P = self.plen.long()
-        self.nbpre = torch.where(P >= cfg.cmp_block, (P - cfg.cmp_block) // cfg.cmp_stride + 1,
-                                 torch.zeros_like(P)).to(torch.int32)
-        self.tmask = self.tree_mask.to(torch.uint8)
+        # the step's metadata in one launch (`nsa_plan`) into fixed buffers: its torch twin,
+        # `path_block_weights_device`, was ~80 launches of a ~530-node AR step
+        from ssv.ops.nsa.plan import PlanBuffers, nsa_plan
+        n = self.positions.numel()
+        if self._meta is None or self._meta.n != n:
+            self._meta = PlanBuffers(n, self.cfg, self.positions.device)
+        m = nsa_plan(self.plen, self.positions, self.tree_mask, self.cfg, self._meta)
+        self.w, self.s0, self.n_path, self.nbpre, self.tmask = m.w, m.s0, m.n_path, m.nbpre, m.tmask
         self._indices = None
 
     def run(self, layer, q, cache, gates=None):

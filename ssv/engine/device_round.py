@@ -53,6 +53,14 @@ class DeviceEngine:
         # graph is the same function of its inputs whatever the seed)
         self.gen = torch.Generator(device=dev)
         self.coin = torch.zeros(1, device=dev)
+        # the AR step's constant path, count and tree mask (made once, not launched every step)
+        self._root = torch.zeros(1, dtype=torch.long, device=dev)
+        self._one = torch.ones(1, dtype=torch.long, device=dev)
+        self._chain1 = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        r = runner
+        # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
+        # reads the length on the host, which a graph cannot
+        self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
@@ -66,23 +74,20 @@ class DeviceEngine:
     def _plan(self, key, n: int, opts=None):
         if key not in self._plans:
             r = self.runner
-            # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
-            # reads the length on the host, which a graph cannot
-            kernels = r.backend == "triton" or (r.backend == "auto" and r.device.type == "cuda")
-            self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, kernels)
+            self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, self.kernels)
         return self._plans[key]
 
     def _ar_body(self, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model
         plan = self._plan(("ar",), 1)
         pos = cache.dlen.long()
-        plan.plan(cache.dlen, pos, torch.ones(1, 1, dtype=torch.bool, device=pos.device))
+        plan.plan(cache.dlen, pos, self._chain1)
         logits, _ = model(self.tok, pos, plan, cache)
         if params is None or params.greedy:
             nxt = logits[-1].argmax().reshape(1)
         else:
             nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
-        cache.commit_device(torch.zeros(1, dtype=torch.long, device=pos.device), torch.ones_like(nxt))
+        cache.commit_device(self._root, self._one, kernel=self.kernels)
         self.out[:1].fill_(1)
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
@@ -109,7 +114,7 @@ class DeviceEngine:
             path, n, bonus = accept_greedy_device(flat, io["logits"], D)
         else:
             path, n, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], opts.tree)
-        cache.commit_device(path, n)
+        cache.commit_device(path, n, kernel=self.kernels)
         rows = path.clamp_min(0)
         j = torch.arange(D + 1, device=rows.device)
         # row i of the drafter: (the target's feature at path[i], the token after it): the next
