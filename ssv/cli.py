@@ -95,8 +95,11 @@ def cmd_generate(args) -> int:
             planner = AdaptivePlanner(Profile.load(args.profile), model.cfg.n_layers,
                                       allow_approx=args.precision == "approx")
         engine = _engine(args, runner, drafter) if use_engine else None
+        from ssv.spec.fallback import ArFallback
+        fallback = ArFallback() if args.mode == "ssv" and args.fallback else None
         res = generate_spec(runner, drafter, ids, params, args.max_new_tokens, opts, seed=args.seed,
-                            stop_ids=tok.eos_ids, progress=not args.json, planner=planner, engine=engine)
+                            stop_ids=tok.eos_ids, progress=not args.json, planner=planner, engine=engine,
+                            fallback=fallback)
     gen = [t for t in res.token_ids if t not in tok.eos_ids]
     text = tok.decode(gen)
     if record is not None:
@@ -205,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,
                     help="recompute routing every K layers, reuse it between (approx only)")
+    sd.add_argument("--fallback", action=argparse.BooleanOptionalAction, default=True,
+                    help="--mode ssv: AR steps while speculation does not pay (observed acceptance below the "
+                         "measured round / step cost; same tokens)")
     sd.add_argument("--profile", metavar="FILE",
                     help="adaptive planning: pick the strategy per context length and observed acceptance from "
                          "this profile (written by `ssv bench spec`); replaces the tree / C / traversal flags")

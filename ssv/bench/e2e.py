@@ -29,7 +29,7 @@ from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
 
-MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv approx C16", "ssv approx C16 reuse/2", "ar dense", "eagle3 dense",
+MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv approx C16", "ssv approx C16 reuse/2", "ar dense", "eagle3 dense",
          "transformers")
 GREEDY = SamplingParams(temperature=0.0)
 QUESTION = "\n\nWhat is the text above about? Answer in a few sentences."
@@ -40,8 +40,14 @@ def mode_table(n_layers: int, tree: TreeSpec) -> dict:
     def so(c, precision="strict", every=1):
         return SpecOptions(tree=tree, order="pos", verify=VerifyOptions(c, precision, VerifyOptions.every(every, n_layers)))
     return {"ar-nsa": ("nsa", None), "sd-naive": ("nsa", so(1)), "ssv strict": ("nsa", so(4)),
+            "ssv strict no-fallback": ("nsa", so(4)),
             "ssv approx C16": ("nsa", so(16, "approx")), "ssv approx C16 reuse/2": ("nsa", so(16, "approx", 2)),
             "ar dense": ("dense", None), "eagle3 dense": ("dense", so(1))}
+
+
+# the ssv modes fall back to AR steps while speculation does not pay (`ArFallback`, as `ssv generate
+# --mode ssv` does); the baselines speculate every round, as published
+FALLBACK = ("ssv strict", "ssv approx C16", "ssv approx C16 reuse/2")
 
 
 def prompt_ids(tok, family: str, text: str, context: int) -> list:
@@ -150,7 +156,9 @@ def run_default(args, env: dict, save) -> list:
         if opts is None:
             res = generate_ar(r, ids, GREEDY, args.new_tokens, engine=eng)
         else:
-            res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng)
+            from ssv.spec.fallback import ArFallback
+            res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng,
+                                fallback=ArFallback() if mode in FALLBACK else None)
         eng.timing = False
         split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}
         prof = profile_rounds(eng, opts)
@@ -182,7 +190,9 @@ def run_default(args, env: dict, save) -> list:
                                        mean_accepted_length=res.stats["mean_accepted_length"],
                                        rounds=res.stats["rounds"], decode_seconds=res.stats["decode_seconds"],
                                        round_ms=split, identical_to_ar=diff is None, first_diff=diff,
-                                       token_ids=res.token_ids, **prof)
+                                       token_ids=res.token_ids, ar_steps=res.stats.get("ar_steps", 0), **prof)
+                            if "fallback" in res.stats:
+                                row["fallback"] = res.stats["fallback"]
                             if diff is not None and table[mode][1] is not None:
                                 row["ar_margin_at_diff"] = ar_margin(runners[att], ids, base, diff)
                     except Exception as e:  # noqa: BLE001 -- a failing mode is reported, not fatal

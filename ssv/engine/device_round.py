@@ -61,6 +61,8 @@ class DeviceEngine:
         # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
         # reads the length on the host, which a graph cannot
         self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
+        self._ring = None              # AR steps' drafter rows (taps, next token) until the next round
+        self.pending = 0               # rows in the ring (the host's count)
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
@@ -77,17 +79,23 @@ class DeviceEngine:
             self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, self.kernels)
         return self._plans[key]
 
-    def _ar_body(self, params=None) -> None:
+    def _ar_body(self, params=None, keep_taps: bool = False) -> None:
         cache, model = self.runner.cache, self.runner.model
         plan = self._plan(("ar",), 1)
         pos = cache.dlen.long()
         plan.plan(cache.dlen, pos, self._chain1)
-        logits, _ = model(self.tok, pos, plan, cache)
+        logits, taps = model(self.tok, pos, plan, cache, taps=self.drafter.taps if keep_taps else ())
         if params is None or params.greedy:
             nxt = logits[-1].argmax().reshape(1)
         else:
             nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
         cache.commit_device(self._root, self._one, kernel=self.kernels)
+        if keep_taps:   # the drafter's row of this step: (the target's feature here, the token after it)
+            feats, toks, cnt = self._ring
+            for f, t in zip(feats, taps):
+                f.index_copy_(0, cnt, t)
+            toks.index_copy_(0, cnt, nxt)
+            cnt.add_(1)
         self.out[:1].fill_(1)
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
@@ -139,6 +147,8 @@ class DeviceEngine:
         if d is not None:
             parts += [d.dlen, d.slot_pos, d.hid_buf, d.dlogp_buf]
             parts += [t for t in (getattr(d, "k", None), getattr(d, "v", None)) if isinstance(t, torch.Tensor)]
+        if self._ring is not None:
+            parts += [*self._ring[0], self._ring[1], self._ring[2]]
         return parts
 
     def _run(self, phases) -> None:
@@ -228,19 +238,45 @@ class DeviceEngine:
         self.tok.fill_(int(token))
         self.gen.manual_seed(int(seed))
 
+    RING = 32   # AR steps' drafter rows kept before they are committed in one batch
+
     @torch.no_grad()
-    def ar_step(self, params=None) -> list:
+    def ar_step(self, params=None, keep_taps: bool = False) -> list:
         """One AR step (greedy, or sampled with `params`); returns the emitted token (the round's one
-        device-to-host read)."""
-        if _pkey(params) is None:
-            self._run([(("ar",), self._ar_body)])
-        else:
+        device-to-host read). keep_taps: the step also keeps the drafter's row (a fall-back from
+        speculation: `catch_up` commits the rows before the next round)."""
+        if keep_taps:
+            if self.drafter is None:
+                raise ValueError("keep_taps needs a drafter")
+            if self._ring is None:
+                c, dev = self.runner.model.cfg, self.runner.device
+                dt = next(self.runner.model.parameters()).dtype
+                # a batch of rows must fit the drafter's attention window (its rows see each other)
+                n = min(self.RING, getattr(self.drafter, "window", self.RING))
+                self._ring = ([torch.zeros(n, c.hidden_size, device=dev, dtype=dt) for _ in self.drafter.taps],
+                              torch.zeros(n, dtype=torch.long, device=dev),
+                              torch.zeros(1, dtype=torch.long, device=dev))
+            if self.pending == self._ring[1].numel():
+                self.catch_up()
+        if _pkey(params) is not None:
             torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
-            self._run([(("ar", _pkey(params)), lambda: self._ar_body(params))])
+        self._run([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))])
+        self.pending += keep_taps
         tok = int(self.out[1])
         self._collect_times()
         self.runner.cache.advance_host(1)
         return [tok]
+
+    @torch.no_grad()
+    def catch_up(self) -> None:
+        """Commit the AR steps' drafter rows (one batch, eager; fixed shapes, no host read)."""
+        if not self.pending:
+            return
+        feats, toks, cnt = self._ring
+        self.drafter.commit_rows(feats, toks, cnt)
+        cnt.zero_()
+        self.drafter.advance_host(self.pending)
+        self.pending = 0
 
     @torch.no_grad()
     def spec_round(self, opts, params=None) -> list:
@@ -251,6 +287,7 @@ class DeviceEngine:
         check_spec(opts.tree)
         if opts.tree.depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.tree.depth} exceeds the round record's {self.out.numel() - 2}")
+        self.catch_up()
         phases, io = self._spec_phases(opts, params)
         if _pkey(params) is not None:
             T, k = opts.tree.total_tokens, opts.tree.top_k

@@ -68,10 +68,21 @@ def commit(runner: Runner, drafter, res, taps) -> torch.Tensor:
     return drafter.commit([t[idx] for t in taps], torch.tensor(res.tokens + [res.bonus]))
 
 
+def _ar_keep(runner: Runner, drafter, root: int, params: SamplingParams, gen: torch.Generator, held: list) -> list:
+    """A host AR step of the fall-back that keeps the drafter's row (its taps, the token after)."""
+    logits, taps = runner.forward(torch.tensor([root]), StepMeta.chain(runner.length, 1), taps=drafter.taps)
+    runner.cache.commit(1)
+    nxt = pick_token(logits[-1], params, gen)
+    held.append((taps, nxt))
+    return [nxt]
+
+
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
-                  planner=None, engine=None) -> GenResult:
+                  planner=None, engine=None, fallback=None) -> GenResult:
     """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`.
+    fallback (ssv.spec.fallback.ArFallback): AR steps instead of rounds while speculation does not pay
+    (the same tokens: strict rounds and AR steps agree; the drafter is caught up before a round).
     engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): rounds run
     device-resident (graphed on CUDA), greedy or sampled (coins from the engine's generator, seeded
     with `seed`: the same distribution as the host round, not the same draws)."""
@@ -80,6 +91,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     check_budget(runner, len(prompt_ids), max_new_tokens)
     if planner is not None:
         planner.reset()
+    if fallback is not None:
+        fallback.reset()
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
     drafter.reset()
@@ -98,6 +111,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"
+    ar_steps, held = 0, []   # fall-back AR steps; the host rows they owe the drafter
     depth_hits = [0] * ((opts.tree.depth if opts is not None else 0) + 1)
     while True:
         if root in stop_ids:
@@ -111,6 +125,18 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         if runner.length + opts.tree.depth + 2 > runner.context_limit:
             stop = "context"
             break
+        t_round = time.perf_counter()
+        if fallback is not None and fallback.use_ar():
+            new = engine.ar_step(params, keep_taps=True) if fast else _ar_keep(runner, drafter, root, params, gen, held)
+            fallback.observe_ar(time.perf_counter() - t_round)
+            ar_steps += 1
+            out.append(new[0])
+            root = out[-1]
+            continue
+        if held:
+            root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
+                                       torch.tensor([h[1] for h in held]))
+            held.clear()
         if fast:
             new = engine.spec_round(opts, params)
         else:
@@ -120,6 +146,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             root_logp = commit(runner, drafter, res, taps)
             new = res.tokens + [res.bonus]
         rounds += 1
+        if fallback is not None:
+            fallback.observe_spec(len(new), time.perf_counter() - t_round)
         if planner is not None:
             planner.observe(len(new))
         depth_hits += [0] * (len(new) - len(depth_hits))  # a drafter may exceed the spec's depth
@@ -134,11 +162,14 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     t2 = time.perf_counter()
     dec = t2 - t1
     emitted = len(out) - 1
+    spec_tokens = emitted - ar_steps
     stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
-             "decode_seconds": dec, "rounds": rounds,
+             "decode_seconds": dec, "rounds": rounds, "ar_steps": ar_steps,
              "tokens_per_second": emitted / dec if dec > 0 and emitted else 0.0,
-             "mean_accepted_length": emitted / rounds if rounds else 0.0,
+             "mean_accepted_length": spec_tokens / rounds if rounds else 0.0,
              "acceptance_by_depth": [h / rounds if rounds else 0.0 for h in depth_hits[1:]], "stop": stop}
+    if fallback is not None:
+        stats["fallback"] = fallback.summary()
     if planner is None:
         stats.update(tree=vars(opts.tree), traversal=opts.order, group_size=opts.verify.group_size,
                      precision=opts.verify.precision)

@@ -71,6 +71,34 @@ def test_graph_replay_equals_eager_eagle3_round():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_fallback_rounds():
+    """Rounds interleaved with AR steps that keep the drafter's rows (their own graph, the ring caught
+    up before each round): graphed equals eager, and the drafter ends where the eager one does."""
+    from ssv.spec.fallback import ArFallback
+    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(8)).tolist()
+    head = tiny_head(target, draft_vocab=40, window=16)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
+        d = Eagle3Drafter(head, target)
+        eng = DeviceEngine(r, d, graphs=graphs)
+        fb = ArFallback(window=1, min_ar=5, max_ar=20, prior_break_even=50.0)
+        fb.break_even = lambda: 50.0
+        sp = generate_spec(r, d, prompt, GREEDY, 90, opts=SpecOptions(tree=TreeSpec(5, 3, 16)), engine=eng,
+                           fallback=fb)
+        eng.catch_up()
+        if graphs:
+            assert not eng._eager and ("ar", None, True) in eng._graphs
+        assert sp.stats["ar_steps"] > 40
+        outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.dlogp_buf.float().cpu(), d.slot_pos.cpu(), int(d.dlen))
+    assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
+    assert torch.equal(outs[True][3], outs[False][3]) and outs[True][4] == outs[False][4] == 70 + 89
+    torch.testing.assert_close(outs[True][2], outs[False][2])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("attention", ["nsa", "dense"])
 def test_graph_replay_equals_eager_round(attention):
     """Rounds crossing compression- and selection-block boundaries, up to a tree depth of the context
@@ -115,11 +143,11 @@ def test_capture_failure_falls_back_and_later_captures_work(monkeypatch, where):
     eng = DeviceEngine(r)
     with pytest.warns(UserWarning, match=f"CUDA graph {where} of ar failed"):
         assert generate_ar(r, prompt, GREEDY, 20, engine=eng).token_ids == ref
-    assert ("ar",) in eng._eager and not eng._graphs
+    assert ("ar", None, False) in eng._eager and not eng._graphs
     monkeypatch.setattr(DeviceEngine, "_ar_body", body)
     again = DeviceEngine(r)
     assert generate_ar(r, prompt, GREEDY, 20, engine=again).token_ids == ref
-    assert ("ar",) in again._graphs and not again._eager
+    assert ("ar", None, False) in again._graphs and not again._eager
 
 
 @pytest.mark.cuda

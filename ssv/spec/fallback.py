@@ -1,0 +1,81 @@
+"""When speculation does not pay, plain AR steps: an online switch on the observed acceptance.
+
+A speculative round costs about `break_even` AR steps (round time / AR step time); it pays only when
+it emits more tokens than that. `ArFallback` watches the tokens of the last `window` rounds and the
+wall time of rounds and steps as the user sees them (each ends with the round's one device read);
+when the mean falls below the break-even it runs a burst of AR steps, then one probe round. Bursts
+double while probes keep failing (up to `max_ar`) and shrink back once a probe pays, so a text the
+head drafts badly costs a probe every few hundred tokens and a text it drafts well never leaves
+speculation. Strict rounds and AR steps emit the same tokens, so switching never changes the output;
+the drafter is kept in step by committing the AR steps' rows before the next round.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class ArFallback:
+    window: int = 2              # rounds whose mean accepted length is compared with the break-even
+    min_ar: int = 16             # AR steps of the first burst
+    max_ar: int = 256            # bursts double up to this
+    prior_break_even: float = 2.0  # round / AR-step cost ratio until both have been timed
+    samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
+
+    def __post_init__(self):
+        if self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1:
+            raise ValueError("ArFallback: window, min_ar >= 1, max_ar >= min_ar and samples >= 1 are required")
+        if not self.prior_break_even >= 1.0:
+            raise ValueError(f"ArFallback: prior_break_even must be >= 1, got {self.prior_break_even}")
+        self.reset()
+
+    def reset(self) -> None:
+        self._seen: deque = deque(maxlen=self.window)
+        self._t_ar: deque = deque(maxlen=self.samples)
+        self._t_spec: deque = deque(maxlen=self.samples)
+        self._first = {"ar": True, "spec": True}
+        self.ar_left = 0
+        self.backoff = self.min_ar
+        self.bursts: list = []   # (spec round index, burst length, observed mean, break-even)
+        self.rounds = self.ar_steps = 0
+
+    def use_ar(self) -> bool:
+        return self.ar_left > 0
+
+    def _time(self, kind: str, seconds: float, into: deque) -> None:
+        if self._first[kind]:
+            self._first[kind] = False
+        else:
+            into.append(seconds)
+
+    def break_even(self) -> float:
+        if self._t_ar and self._t_spec:
+            return max(1.0, statistics.median(self._t_spec) / statistics.median(self._t_ar))
+        return self.prior_break_even
+
+    def observe_ar(self, seconds: float) -> None:
+        self.ar_left = max(0, self.ar_left - 1)
+        self.ar_steps += 1
+        self._time("ar", seconds, self._t_ar)
+
+    def observe_spec(self, emitted: int, seconds: float) -> None:
+        self.rounds += 1
+        self._time("spec", seconds, self._t_spec)
+        self._seen.append(emitted)
+        probe = bool(self.bursts) and self.bursts[-1][0] == self.rounds - 1
+        if len(self._seen) < self.window and not probe:
+            return
+        mean, be = sum(self._seen) / len(self._seen), self.break_even()
+        if mean < be:
+            self.ar_left = self.backoff
+            self.bursts.append((self.rounds, self.backoff, mean, be))
+            self.backoff = min(2 * self.backoff, self.max_ar)
+        else:
+            self.backoff = self.min_ar
+
+    def summary(self) -> dict:
+        return {"ar_steps": self.ar_steps, "spec_rounds": self.rounds, "break_even": self.break_even(),
+                "bursts": [{"after_round": r, "steps": n, "observed_length": m, "break_even": b}
+                           for r, n, m, b in self.bursts]}

@@ -1,0 +1,89 @@
+"""The AR fall-back: its policy, and that rounds interleaved with AR steps emit AR's tokens and leave the
+drafter where committing every token would have (the device ring caught up, the host rows committed)."""
+import pytest
+import torch
+
+from ssv.draft import Eagle3Drafter
+from ssv.engine.device_round import DeviceEngine
+from ssv.engine.generate import generate_ar
+from ssv.engine.runner import Runner
+from ssv.engine.spec import SpecOptions, generate_spec
+from ssv.spec.fallback import ArFallback
+from ssv.spec.tree import TreeSpec
+
+from ..draft.helpers import tiny_head
+from ..draft.helpers import tiny_target as draft_target
+from .test_device_round import GREEDY, NSA
+
+
+def test_policy_bursts_double_and_reset_when_a_probe_pays():
+    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5)
+    f.observe_spec(1, 1.0)
+    assert not f.use_ar()                     # one round: not yet a window
+    f.observe_spec(2, 1.0)                    # mean 1.5 < 2.5
+    assert f.ar_left == 4
+    for _ in range(4):
+        assert f.use_ar()
+        f.observe_ar(0.5)
+    assert not f.use_ar()
+    f.observe_spec(1, 1.0)                    # the probe fails: a doubled burst
+    assert f.ar_left == 8
+    for _ in range(8):
+        f.observe_ar(0.5)
+    f.observe_spec(7, 1.0)                    # mean (1 + 7) / 2 = 4 pays: speculation resumes
+    assert not f.use_ar() and f.backoff == 4
+    # timed: the first sample of each kind is dropped (a capture), then medians
+    assert f.break_even() == pytest.approx(1.0 / 0.5)
+    s = f.summary()
+    assert s["ar_steps"] == 12 and s["spec_rounds"] == 4 and [b["steps"] for b in s["bursts"]] == [4, 8]
+
+
+def test_policy_caps_bursts_and_uses_the_prior_until_timed():
+    f = ArFallback(window=1, min_ar=2, max_ar=5, prior_break_even=3.0)
+    assert f.break_even() == 3.0
+    sizes = []
+    for _ in range(4):
+        f.observe_spec(1, 2.0)
+        sizes.append(f.ar_left)
+        while f.use_ar():
+            f.observe_ar(1.0)
+    assert sizes == [2, 4, 5, 5]
+    assert f.break_even() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("bad", [dict(window=0), dict(min_ar=0), dict(min_ar=8, max_ar=4), dict(prior_break_even=0.5)])
+def test_policy_refuses_bad_settings(bad):
+    with pytest.raises(ValueError, match="ArFallback"):
+        ArFallback(**bad)
+
+
+@pytest.mark.parametrize("engine", [False, True])
+def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(engine):
+    target = draft_target()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(3, target.cfg.vocab_size, (41,), generator=torch.Generator().manual_seed(3)).tolist()
+    ar = generate_ar(r, prompt, GREEDY, 50)
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=9), target)
+    eng = DeviceEngine(r, d, check_sync=True) if engine else None
+    # a break-even no round reaches: bursts after every probe (6 steps: the ring of 9 fills and flushes)
+    fb = ArFallback(window=1, min_ar=6, max_ar=12, prior_break_even=50.0)
+    fb.break_even = lambda: 50.0
+    res = generate_spec(r, d, prompt, GREEDY, 50, opts=SpecOptions(tree=TreeSpec(3, 2, 6)), engine=eng, fallback=fb)
+    assert res.token_ids == ar.token_ids
+    assert res.stats["ar_steps"] >= 30 and res.stats["rounds"] >= 3
+    assert [b["steps"] for b in res.stats["fallback"]["bursts"]][:3] == [6, 12, 12]
+    if engine:
+        eng.catch_up()
+        assert int(d.dlen) == d.length == r.length
+    # the drafter's state equals a drafter that committed every token on the host (the host
+    # fall-back commits the rows it holds at the next round: compare up to what it committed)
+    seq = (prompt + res.token_ids[:-1])[:d.length]
+    ref = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=9), target)
+    r2 = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    _, chunks = r2.prefill(seq, taps=ref.taps)
+    taps = [torch.cat([c[i] for c in chunks]) for i in range(len(ref.taps))]
+    nxt = (prompt + res.token_ids)[1:len(seq) + 1]
+    for c in range(0, len(seq), 8):   # in chunks within the window
+        ref.commit([t[c:c + 8] for t in taps], torch.tensor(nxt[c:c + 8]))
+    torch.testing.assert_close(d.dlogp_buf, ref.dlogp_buf, rtol=1e-4, atol=1e-4)
+    assert torch.equal(d.slot_pos, ref.slot_pos)
