@@ -133,8 +133,8 @@ def test_capture_failure_falls_back_and_later_captures_work(monkeypatch, where):
     ref = generate_ar(r, prompt, GREEDY, 20, engine=DeviceEngine(r, graphs=False)).token_ids
     body = DeviceEngine._ar_body
 
-    def bad(self):
-        body(self)
+    def bad(self, *args):
+        body(self, *args)
         if where == "warm-up":
             int(self.tok[0])
         elif torch.cuda.is_current_stream_capturing():

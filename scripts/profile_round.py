@@ -1,0 +1,56 @@
+"""Where a graphed round's GPU time goes: the kernels of the AR step and of an ssv strict round (random
+weights of the default model's shape, 4K context), grouped by kernel name, per round; a table, and
+JSON in $OUT or bench/results. Run on a GPU from the repository root: python3 scripts/profile_round.py"""
+import json, os, sys, torch
+sys.path.insert(0, ".")
+from torch.profiler import ProfilerActivity, profile
+from ssv.config import ModelConfig
+from ssv.bench.e2e_steps import random_model, fill_cache
+from ssv.bench.kernels import environment
+from ssv.draft import Eagle3Drafter
+from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
+from ssv.engine.runner import Runner
+from ssv.engine.device_round import DeviceEngine
+from ssv.bench.e2e import mode_table
+from ssv.spec.tree import TreeSpec
+cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9, n_kv_heads=3,
+                  head_dim=64, max_seq_len=8192, tie_embeddings=True)
+m = random_model(cfg)
+d = Eagle3Drafter(Eagle3Head(Eagle3Config.for_target(cfg, 8192)).cuda().to(torch.bfloat16), m)
+table = mode_table(30, TreeSpec(6, 8, 48))
+r = Runner(m, attention="nsa", max_len=8192 + 384)
+fill_cache(r, 4096, torch.Generator(device="cuda").manual_seed(0))
+d.commit([torch.randn(64, 576, device="cuda", dtype=torch.bfloat16) for _ in range(3)], torch.randint(0, 8192, (64,), device="cuda"))
+eng = DeviceEngine(r, d)
+eng.start(7)
+res = {"env": environment(), "context": 4096, "capacity": 8192 + 384, "rounds": {}}
+for mode in ("ar-nsa", "ssv strict"):
+    opts = table[mode][1]
+    step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
+    for _ in range(3):
+        step()
+    n = 10
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    by = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            k = e.name[:60]
+            t = by.setdefault(k, [0, 0.0])
+            t[0] += 1
+            t[1] += e.time_range.end - e.time_range.start
+    rows = sorted(({"kernel": k, "per_round": c / n, "us_per_round": us / n} for k, (c, us) in by.items()),
+                  key=lambda x: -x["us_per_round"])
+    res["rounds"][mode] = rows
+    tot = sum(x["us_per_round"] for x in rows)
+    print(f"== {mode}: kernel time {tot:.0f} us per round, {sum(x['per_round'] for x in rows):.0f} kernels")
+    for x in rows[:22]:
+        print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
+    r.cache.dlen.fill_(4096); r.cache.length = 4096
+out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}.json")
+with open(out, "w") as f:
+    json.dump(res, f, indent=1)
+print("wrote", out)
