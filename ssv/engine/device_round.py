@@ -100,6 +100,11 @@ class DeviceEngine:
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
 
+    def _catch_up_body(self) -> None:
+        feats, toks, cnt = self._ring
+        self.drafter.commit_rows(feats, toks, cnt)
+        cnt.zero_()
+
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
     def _draft_body(self, opts, io: dict) -> None:
@@ -269,12 +274,10 @@ class DeviceEngine:
 
     @torch.no_grad()
     def catch_up(self) -> None:
-        """Commit the AR steps' drafter rows (one batch, eager; fixed shapes, no host read)."""
+        """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
         if not self.pending:
             return
-        feats, toks, cnt = self._ring
-        self.drafter.commit_rows(feats, toks, cnt)
-        cnt.zero_()
+        self._run([(("catch-up",), self._catch_up_body)])
         self.drafter.advance_host(self.pending)
         self.pending = 0
 

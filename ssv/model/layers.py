@@ -131,12 +131,14 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def _forward_fused(self, x, cos, sin, plan, cache):
-        # 9 launches besides attention's: two norms, three GEMMs whose epilogues add the residual
-        # or feed one SwiGLU launch, one RoPE + cache write
+        # 8 launches besides attention's: two norms, four GEMMs (two add the residual in place,
+        # one feeds one SwiGLU launch), one RoPE + cache write. In place: an out-of-place addmm
+        # copies the residual into its output first, a kernel per GEMM (60 of an AR step's ~440
+        # nodes); the caller keeps no reference to x it still needs (Transformer clones its taps)
         from ssv.ops.glue.ops import rmsnorm, swiglu
         a, m = self.self_attn, self.mlp
         h = rmsnorm(x, self.input_layernorm.weight, self.input_layernorm.eps)
-        x = torch.addmm(x, a.attend_fused(h, cos, sin, plan, cache), a.o_proj.weight.t())
+        x.addmm_(a.attend_fused(h, cos, sin, plan, cache), a.o_proj.weight.t())
         h = rmsnorm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         gu = F.linear(h, _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
-        return torch.addmm(x, swiglu(gu), m.down_proj.weight.t())
+        return x.addmm_(swiglu(gu), m.down_proj.weight.t())

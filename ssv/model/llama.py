@@ -74,9 +74,11 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         tapped = []
+        # the fused layers add their residuals into x in place: a tap is a copy
+        keep = (lambda t: t.clone()) if fused_glue(x) else (lambda t: t)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, plan, cache)
             if i in taps:
-                tapped.append(x)
+                tapped.append(keep(x))
         h = x if logits_rows is None else x[logits_rows]
         return self.head(h), tapped

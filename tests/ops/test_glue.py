@@ -86,3 +86,25 @@ def test_fused_block_equals_eager_block(attn_bias):
         outs.append((y, r.cache.k[1, :, : r.length + 5].clone(), r.cache.v[1, :, : r.length + 5].clone()))
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, **TOL)
+
+
+def test_fused_model_forward_equals_eager_with_taps(monkeypatch):
+    """The whole model through the fused layers (residuals added in place) against the eager layers:
+    logits and every tapped hidden state (a tap must not see the next layer's in-place residual)."""
+    import ssv.model.layers as layers
+    import ssv.model.llama as llama
+    model = make_tiny_model(2, n_layers=4).to(DEV)
+    if DT != torch.float32:
+        model = model.to(DT)
+    outs = []
+    for fused in (False, True):
+        flag = (lambda x: x.dim() == 2 and not torch.is_grad_enabled()) if fused else (lambda x: False)
+        monkeypatch.setattr(layers, "fused_glue", flag)
+        monkeypatch.setattr(llama, "fused_glue", flag)
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.prefill(list(range(3, 20)))
+        logits, taps = r.forward(torch.arange(5) + 30, StepMeta.chain(r.length, 5), taps=(0, 1, 3))
+        outs.append([logits.float()] + [t.float() for t in taps])
+    assert len(outs[1]) == 4
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, **TOL)

@@ -195,17 +195,19 @@ def nsa_route_topk_fwd_kernel(
     if FORCED_FIRST:
         forced = forced | (o_j == 0)
     b_key = tl.where(cand & forced, float("inf"), b_imp)
-    sel = o_j < 0
-    for _ in tl.static_range(NSEL):
-        mx = tl.max(b_key, 0)
-        jj = tl.min(tl.where(b_key == mx, o_j, BJ), 0)
-        hit = (o_j == jj) & (tl.zeros([BJ], tl.float32) + mx > float("-inf"))
-        sel = sel | hit
-        b_key = tl.where(o_j == jj, float("-inf"), b_key)
+    # one top-k over packed keys instead of NSEL (max, min-index) reduction pairs: the score's
+    # bits made order-preserving as int32 (negatives flipped) above BJ - 1 - j, so equal scores
+    # rank the lower block first
+    b_bits = b_key.to(tl.int32, bitcast=True)
+    b_ord = b_bits ^ ((b_bits >> 31) & 0x7FFFFFFF)
+    b_pk = (b_ord.to(tl.int64) << 32) | (BJ - 1 - o_j).to(tl.int64)
+    b_top = tl.topk(b_pk, NSELP)                                                    # [NSELP]
+    o_k = tl.arange(0, NSELP)
+    top_j = tl.where(o_k < NSEL, BJ - 1 - (b_top & 0xFFFFFFFF).to(tl.int32), -1)
+    sel = (tl.sum((o_j[:, None] == top_j[None, :]).to(tl.int32), 1) > 0) & (b_key > float("-inf"))
     rank = tl.cumsum(sel.to(tl.int32), 0) - 1
     tl.store(idx + i_n64 * s_xn + i_h * s_xh + rank, o_j, mask=sel)
     cnt = tl.sum(sel.to(tl.int32), 0)
-    o_k = tl.arange(0, NSELP)
     tl.store(idx + i_n64 * s_xn + i_h * s_xh + o_k, tl.full([NSELP], -1, tl.int32), mask=(o_k >= cnt) & (o_k < NSEL))
 
 
@@ -272,7 +274,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         psum, npath, nbpre_t, pos, imp, idx, nbs,
         psum.stride(0), psum.stride(1), imp.stride(0), imp.stride(1), idx.stride(0), idx.stride(1),
         LS=cfg.slc_block, R=cfg.slc_block // cfg.cmp_stride, A=-(-cfg.cmp_block // cfg.cmp_stride),
-        BJ=pow2(nbs), NSEL=cfg.n_select, NSELP=pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
+        BJ=pow2(max(nbs, cfg.n_select)), NSEL=cfg.n_select, NSELP=pow2(cfg.n_select, 1), FORCED_FIRST=cfg.forced_first,
         FORCED_LOCAL=cfg.forced_local, num_warps=4)
     return idx, imp, lse, (o_cmp if want_o else None)
 
@@ -330,29 +332,33 @@ def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_
 @triton.jit
 def nsa_path_blocks_fwd_kernel(
     w, k, v, kp, vp, s0p, S, NBP, L, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
-    BSB: tl.constexpr, D: tl.constexpr,
+    BSB: tl.constexpr, D: tl.constexpr, NBPP: tl.constexpr,
 ):
-    # one program per (query, KV head): its path-specific compressed keys/values, w[n, b] @ k[h, s0:],
-    # in slot tiles of BSB so a 128-token tree with D = 128 keeps its registers; s0 is read from
-    # device memory (it moves with the context length) and slots stop at the cache's end L
+    # one program per (query, KV head): its path-specific compressed keys/values, w[n, :] @ k[h, s0:],
+    # every path block of a slot tile at once (one [NBPP, BSB] @ [BSB, D] product per tile: each
+    # K/V tile is loaded once, not once per block: 2 tiles instead of 12 dependent loads at N = 48);
+    # s0 is read from device memory (it moves with the context length), slots stop at the cache's end L
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     S0 = tl.load(s0p)
     o_d = tl.arange(0, D)
-    for b in range(0, NBP):
-        b_ak = tl.zeros([D], tl.float32)
-        b_av = tl.zeros([D], tl.float32)
-        for s0 in range(0, S, BSB):
-            o_s = s0 + tl.arange(0, BSB)
-            m_s = (o_s < S) & (S0 + o_s < L)
-            p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
-            b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s, other=0.0)                 # [BSB]
-            b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
-            b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
-            b_ak += tl.sum(b_w[:, None] * b_k, 0)
-            b_av += tl.sum(b_w[:, None] * b_v, 0)
-        o_o = i_n * s_pn + i_h * s_ph + b * s_pb + o_d
-        tl.store(kp + o_o, b_ak)
-        tl.store(vp + o_o, b_av)
+    o_b = tl.arange(0, NBPP)
+    b_ak = tl.zeros([NBPP, D], tl.float32)
+    b_av = tl.zeros([NBPP, D], tl.float32)
+    for s0 in range(0, S, BSB):
+        o_s = s0 + tl.arange(0, BSB)
+        m_s = (o_s < S) & (S0 + o_s < L)
+        p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        p_w = w + i_n * s_wn + o_b[:, None] * s_wb + o_s[None, :]
+        b_w = tl.load(p_w, mask=(o_b < NBP)[:, None] & m_s[None, :], other=0.0)                # [NBPP, BSB]
+        b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
+        b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
+        # the weights are 0 or 1/l: exact products, fp32 sums
+        b_ak += tl.dot(b_w, b_k, input_precision="ieee")
+        b_av += tl.dot(b_w, b_v, input_precision="ieee")
+    o_o = i_n * s_pn + i_h * s_ph + o_b[:, None] * s_pb + o_d[None, :]
+    m_o = (o_b < NBP)[:, None]
+    tl.store(kp + o_o, b_ak, mask=m_o)
+    tl.store(vp + o_o, b_av, mask=m_o)
 
 
 def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
@@ -397,5 +403,5 @@ def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_le
         wc = w.contiguous()
         nsa_path_blocks_fwd_kernel[(nq, hkv)](
             wc, k, v, kp, vp, s0_t, S, nbp, k.shape[1], wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
-            kp.stride(0), kp.stride(1), kp.stride(2), BSB=32, D=d, num_warps=4)
+            kp.stride(0), kp.stride(1), kp.stride(2), BSB=64, D=d, NBPP=pow2(nbp), num_warps=4)
     return kp, vp
