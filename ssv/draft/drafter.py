@@ -163,9 +163,11 @@ class Eagle3Drafter:
         return mid.finish(masked_attention(q, k, v, vis), residual)
 
     @torch.no_grad()
-    def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor) -> None:
+    def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor,
+                    predict: bool = False) -> Optional[torch.Tensor]:
         """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
-        its next tokens); the padded rows are computed, never stored."""
+        its next tokens); the padded rows are computed, never stored. predict: also return each row's
+        greedy draft of the token after it [R] (target ids): what a depth-1 draft would propose there."""
         R, W = tokens.numel(), self.window
         feats = torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))
@@ -193,6 +195,9 @@ class Eagle3Drafter:
         self.hid_buf.copy_(last[0])
         self.dlogp_buf.copy_(self.head.draft_logp(last)[0])
         self.dlen += n
+        if predict:
+            return self.vocab_ids[self.head.draft_logits(out).argmax(-1)]
+        return None
 
     def advance_host(self, n: int) -> None:
         """Device rounds committed n rows: the host's count follows (no copy)."""

@@ -62,6 +62,9 @@ class DeviceEngine:
         # reads the length on the host, which a graph cannot
         self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
         self._ring = None              # AR steps' drafter rows (taps, next token) until the next round
+        # depth-1 draft hits and pairs over the caught-up rows (drafters that can predict rows)
+        self._agree = None
+        self._agree_read = False
         self.pending = 0               # rows in the ring (the host's count)
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
@@ -102,7 +105,14 @@ class DeviceEngine:
 
     def _catch_up_body(self) -> None:
         feats, toks, cnt = self._ring
-        self.drafter.commit_rows(feats, toks, cnt)
+        if self._agree is None:
+            self.drafter.commit_rows(feats, toks, cnt)
+        else:   # free acceptance evidence: did the head's greedy draft at row i name row i + 1's token?
+            pred = self.drafter.commit_rows(feats, toks, cnt, predict=True)
+            i = torch.arange(1, toks.numel(), device=toks.device)
+            pair = i < cnt
+            self._agree[0] += ((pred[:-1] == toks[1:]) & pair).sum()
+            self._agree[1] += pair.sum()
         cnt.zero_()
 
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
@@ -154,6 +164,8 @@ class DeviceEngine:
             parts += [t for t in (getattr(d, "k", None), getattr(d, "v", None)) if isinstance(t, torch.Tensor)]
         if self._ring is not None:
             parts += [*self._ring[0], self._ring[1], self._ring[2]]
+        if self._agree is not None:
+            parts.append(self._agree)
         return parts
 
     def _run(self, phases) -> None:
@@ -261,6 +273,8 @@ class DeviceEngine:
                 self._ring = ([torch.zeros(n, c.hidden_size, device=dev, dtype=dt) for _ in self.drafter.taps],
                               torch.zeros(n, dtype=torch.long, device=dev),
                               torch.zeros(1, dtype=torch.long, device=dev))
+                if getattr(self.drafter, "vocab_ids", None) is not None and hasattr(self.drafter, "head"):
+                    self._agree = torch.zeros(2, dtype=torch.long, device=dev)
             if self.pending == self._ring[1].numel():
                 self.catch_up()
         if _pkey(params) is not None:
@@ -279,7 +293,18 @@ class DeviceEngine:
             return
         self._run([(("catch-up",), self._catch_up_body)])
         self.drafter.advance_host(self.pending)
+        self._agree_read = self._agree is not None
         self.pending = 0
+
+    def take_agreement(self):
+        """(depth-1 draft hits, pairs) of the rows caught up since the last call, or None when no
+        catch-up ran (a device-to-host read only then)."""
+        if not self._agree_read:
+            return None
+        self._agree_read = False
+        hits, pairs = self._agree.tolist()
+        self._agree.zero_()
+        return hits, pairs
 
     @torch.no_grad()
     def spec_round(self, opts, params=None) -> list:

@@ -125,10 +125,17 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         if runner.length + opts.tree.depth + 2 > runner.context_limit:
             stop = "context"
             break
+        if fallback is not None and fallback.check_due:   # a burst ended: extend it on the drafts' evidence?
+            if fast:
+                engine.catch_up()
+            fallback.burst_end(engine.take_agreement() if fast else None, opts.tree.depth)
         t_round = time.perf_counter()
         if fallback is not None and fallback.use_ar():
             new = engine.ar_step(params, keep_taps=True) if fast else _ar_keep(runner, drafter, root, params, gen, held)
             fallback.observe_ar(time.perf_counter() - t_round)
+            agree = engine.take_agreement() if fast else None
+            if agree is not None:
+                fallback.observe_agreement(*agree, opts.tree.depth)
             ar_steps += 1
             out.append(new[0])
             root = out[-1]

@@ -7,7 +7,9 @@ when the mean falls below the break-even it runs a burst of AR steps, then one p
 double while probes keep failing (up to `max_ar`) and shrink back once a probe pays, so a text the
 head drafts badly costs a probe every few hundred tokens and a text it drafts well never leaves
 speculation. Strict rounds and AR steps emit the same tokens, so switching never changes the output;
-the drafter is kept in step by committing the AR steps' rows before the next round.
+the drafter is kept in step by committing the AR steps' rows before the next round. Committing
+them in batches also tells, for free, how often the head's greedy draft named the next token: a
+high enough rate ends a burst without a probe round (`observe_agreement`).
 """
 from __future__ import annotations
 
@@ -19,14 +21,15 @@ from dataclasses import dataclass
 @dataclass
 class ArFallback:
     window: int = 2              # rounds whose mean accepted length is compared with the break-even
-    min_ar: int = 16             # AR steps of the first burst
+    min_ar: int = 32             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
     prior_break_even: float = 2.0  # round / AR-step cost ratio until both have been timed
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
+    min_pairs: int = 16          # caught-up rows an agreement rate needs before it can end a burst
 
     def __post_init__(self):
-        if self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1:
-            raise ValueError("ArFallback: window, min_ar >= 1, max_ar >= min_ar and samples >= 1 are required")
+        if self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1:
+            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1 and max_ar >= min_ar are required")
         if not self.prior_break_even >= 1.0:
             raise ValueError(f"ArFallback: prior_break_even must be >= 1, got {self.prior_break_even}")
         self.reset()
@@ -37,9 +40,11 @@ class ArFallback:
         self._t_spec: deque = deque(maxlen=self.samples)
         self._first = {"ar": True, "spec": True}
         self.ar_left = 0
+        self.check_due = False
         self.backoff = self.min_ar
         self.bursts: list = []   # (spec round index, burst length, observed mean, break-even)
         self.rounds = self.ar_steps = 0
+        self.agreements: list = []   # (AR steps so far, hits, pairs, predicted chain length)
 
     def use_ar(self) -> bool:
         return self.ar_left > 0
@@ -56,9 +61,28 @@ class ArFallback:
         return self.prior_break_even
 
     def observe_ar(self, seconds: float) -> None:
+        self.check_due = self.ar_left == 1      # the burst's last step: `burst_end` may extend it
         self.ar_left = max(0, self.ar_left - 1)
         self.ar_steps += 1
         self._time("ar", seconds, self._t_ar)
+
+    def _chain(self, hits: int, pairs: int, depth: int) -> float:
+        a = min(hits / pairs, 0.999)
+        chain = (1 - a ** (depth + 1)) / (1 - a)
+        self.agreements.append((self.ar_steps, hits, pairs, chain))
+        return chain
+
+    def burst_end(self, agreement, depth: int) -> None:
+        """At a burst's end, with the burst's agreement (hits, pairs) or None: if the head's drafts
+        would not pay, the burst is extended (doubled) without a probe round; else the next round
+        runs (and is judged as a probe)."""
+        self.check_due = False
+        if agreement is None or agreement[1] < self.min_pairs:
+            return
+        if self._chain(*agreement, depth) < self.break_even():
+            self.ar_left = self.backoff
+            self.bursts.append((self.rounds, self.backoff, None, self.break_even()))
+            self.backoff = min(2 * self.backoff, self.max_ar)
 
     def observe_spec(self, emitted: int, seconds: float) -> None:
         self.rounds += 1
@@ -75,7 +99,21 @@ class ArFallback:
         else:
             self.backoff = self.min_ar
 
+    def observe_agreement(self, hits: int, pairs: int, depth: int) -> None:
+        """Evidence from the AR steps themselves, at no round's cost: of `pairs` caught-up drafter
+        rows, `hits` had the head's greedy draft equal to the next token (a depth-1 acceptance).
+        A chain of `depth` drafts accepted at that rate yields (1 - a^(D+1)) / (1 - a) tokens a round,
+        a lower bound for a tree; when it reaches the break-even the burst ends (no probe round)."""
+        if pairs < self.min_pairs or not self.use_ar():
+            return
+        if self._chain(hits, pairs, depth) >= self.break_even():
+            self.ar_left = 0
+            self.backoff = self.min_ar
+            self._seen.clear()
+
     def summary(self) -> dict:
         return {"ar_steps": self.ar_steps, "spec_rounds": self.rounds, "break_even": self.break_even(),
                 "bursts": [{"after_round": r, "steps": n, "observed_length": m, "break_even": b}
-                           for r, n, m, b in self.bursts]}
+                           for r, n, m, b in self.bursts],
+                "agreements": [{"ar_steps": s, "hits": h, "pairs": p, "chain_length": c}
+                               for s, h, p, c in self.agreements]}

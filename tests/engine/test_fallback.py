@@ -87,3 +87,104 @@ def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(
         ref.commit([t[c:c + 8] for t in taps], torch.tensor(nxt[c:c + 8]))
     torch.testing.assert_close(d.dlogp_buf, ref.dlogp_buf, rtol=1e-4, atol=1e-4)
     assert torch.equal(d.slot_pos, ref.slot_pos)
+
+
+def test_policy_agreement_ends_a_burst_without_a_probe():
+    f = ArFallback(window=1, min_ar=64, max_ar=64, prior_break_even=2.5, min_pairs=16)
+    f.observe_agreement(30, 31, depth=6)          # not in a burst: no effect
+    assert not f.use_ar() and not f.agreements
+    f.observe_spec(1, 1.0)
+    assert f.ar_left == 64
+    f.observe_agreement(9, 10, depth=6)           # too few pairs
+    f.observe_agreement(6, 31, depth=6)           # a = 0.19: chain 1.24 < 2.5, the burst goes on
+    assert f.use_ar()
+    f.observe_agreement(22, 31, depth=6)          # a = 0.71: chain 3.13 >= 2.5, speculation resumes
+    assert not f.use_ar() and f.backoff == 64
+    assert [a["hits"] for a in f.summary()["agreements"]] == [6, 22]
+    assert f.summary()["agreements"][1]["chain_length"] == pytest.approx((1 - (22 / 31) ** 7) / (1 - 22 / 31))
+
+
+def test_engine_agreement_counts_the_heads_depth1_hits():
+    """The catch-up's hits: the head's greedy draft at each caught-up row against the next token, as
+    committing the same rows one by one on the host predicts them."""
+    target = draft_target()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(3, target.cfg.vocab_size, (37,), generator=torch.Generator().manual_seed(5)).tolist()
+    head = tiny_head(target, draft_vocab=40, window=64)
+    d, ref = Eagle3Drafter(head, target), Eagle3Drafter(head, target)
+    logits, chunks = r.prefill(prompt, taps=d.taps)
+    root = int(logits.argmax())
+    taps = [torch.cat([c[i] for c in chunks]) for i in range(len(d.taps))]
+    d.commit(taps, torch.tensor(prompt[1:] + [root]))
+    eng = DeviceEngine(r, d)
+    eng.start(root)
+    toks = [root]
+    for _ in range(20):
+        toks += eng.ar_step(keep_taps=True)
+    assert eng.take_agreement() is None           # nothing caught up yet: no read
+    seen = []
+    real = d.commit_rows
+
+    def spy(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+    d.commit_rows = spy
+    eng.catch_up()
+    hits, pairs = eng.take_agreement()
+    assert pairs == 19 and eng.take_agreement() is None
+    # the reference: the same rows committed one at a time by a host drafter
+    r2 = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    _, chunks = r2.prefill(prompt + toks[:-1], taps=ref.taps)
+    allt = [torch.cat([c[i] for c in chunks]) for i in range(len(ref.taps))]
+    ref.commit([t[:len(prompt)] for t in allt], torch.tensor(prompt[1:] + [root]))
+    preds = []
+    for i in range(20):
+        lp = ref.commit([t[len(prompt) + i:len(prompt) + i + 1] for t in allt], torch.tensor([toks[i + 1]]))
+        preds.append(int(lp.argmax()))
+    assert seen[0][:20].tolist() == preds
+    assert hits == sum(preds[i] == toks[i + 2] for i in range(19))
+
+
+def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
+    """Planted predictions (every third one wrong): the count is exactly the planted hits, padded
+    rows and the last row (no next token yet) not counted."""
+    target = draft_target()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    prompt = list(range(3, 30))
+    logits, chunks = r.prefill(prompt, taps=d.taps)
+    d.commit([torch.cat([c[i] for c in chunks]) for i in range(3)], torch.tensor(prompt[1:] + [5]))
+    eng = DeviceEngine(r, d)
+    eng.start(5)
+    toks = [5] + [eng.ar_step(keep_taps=True)[0] for _ in range(13)]
+    ring = eng._ring[1].clone()
+
+    def planted(taps, tokens, n, predict=False):
+        pred = torch.roll(tokens, -1)
+        pred[::3] += 1                                   # rows 0, 3, 6, ... miss
+        return pred
+    monkeypatch.setattr(d, "commit_rows", planted)
+    eng.catch_up()
+    hits, pairs = eng.take_agreement()
+    assert torch.equal(ring[:13], torch.tensor(toks[1:]))
+    assert pairs == 12 and hits == sum(1 for i in range(12) if i % 3)
+
+
+def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
+    f = ArFallback(window=1, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4)
+    f.observe_spec(1, 1.0)
+    for _ in range(2):
+        f.observe_ar(0.5)
+    assert f.check_due and not f.use_ar()
+    f.burst_end((1, 10), depth=6)                  # poor drafts: a doubled burst, no round
+    assert not f.check_due and f.ar_left == 4 and [b[1] for b in f.bursts] == [2, 4]
+    for _ in range(4):
+        f.observe_ar(0.5)
+    f.burst_end((9, 10), depth=6)                  # good drafts: the next round runs as a probe
+    assert not f.use_ar() and len(f.bursts) == 2
+    f.observe_spec(1, 1.0)                         # the probe fails after all: a burst of 8
+    assert f.ar_left == 8
+    for _ in range(8):
+        f.observe_ar(0.5)
+    f.burst_end(None, depth=6)                     # no evidence (host rounds): the probe decides
+    assert not f.use_ar() and not f.check_due
