@@ -164,10 +164,11 @@ class Eagle3Drafter:
 
     @torch.no_grad()
     def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor,
-                    predict: bool = False) -> Optional[torch.Tensor]:
+                    predict: int = 0) -> Optional[torch.Tensor]:
         """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
-        its next tokens); the padded rows are computed, never stored. predict: also return each row's
-        greedy draft of the token after it [R] (target ids): what a depth-1 draft would propose there."""
+        its next tokens); the padded rows are computed, never stored. predict = k > 0: also return each
+        row's top-k drafts of the token after it [R, k] (target ids, best first): the children a tree
+        would propose there."""
         R, W = tokens.numel(), self.window
         feats = torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))
@@ -196,7 +197,7 @@ class Eagle3Drafter:
         self.dlogp_buf.copy_(self.head.draft_logp(last)[0])
         self.dlen += n
         if predict:
-            return self.vocab_ids[self.head.draft_logits(out).argmax(-1)]
+            return self.vocab_ids[self.head.draft_logits(out).topk(int(predict), -1).indices]
         return None
 
     def advance_host(self, n: int) -> None:

@@ -62,8 +62,10 @@ class DeviceEngine:
         # reads the length on the host, which a graph cannot
         self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
         self._ring = None              # AR steps' drafter rows (taps, next token) until the next round
-        # depth-1 draft hits and pairs over the caught-up rows (drafters that can predict rows)
+        # depth-1 draft hits (top-1, top-k) and pairs over the caught-up rows (drafters that can
+        # predict rows)
         self._agree = None
+        self._agree_k = 8
         self._agree_read = False
         self.pending = 0               # rows in the ring (the host's count)
         self._plans: dict = {}
@@ -107,12 +109,14 @@ class DeviceEngine:
         feats, toks, cnt = self._ring
         if self._agree is None:
             self.drafter.commit_rows(feats, toks, cnt)
-        else:   # free acceptance evidence: did the head's greedy draft at row i name row i + 1's token?
-            pred = self.drafter.commit_rows(feats, toks, cnt, predict=True)
+        else:   # free acceptance evidence: did the head's drafts at row i name row i + 1's token?
+            pred = self.drafter.commit_rows(feats, toks, cnt, predict=self._agree_k)     # [R, k]
             i = torch.arange(1, toks.numel(), device=toks.device)
             pair = i < cnt
-            self._agree[0] += ((pred[:-1] == toks[1:]) & pair).sum()
-            self._agree[1] += pair.sum()
+            hit = pred[:-1] == toks[1:, None]
+            self._agree[0] += (hit[:, 0] & pair).sum()
+            self._agree[1] += (hit.any(-1) & pair).sum()
+            self._agree[2] += pair.sum()
         cnt.zero_()
 
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
@@ -258,10 +262,11 @@ class DeviceEngine:
     RING = 32   # AR steps' drafter rows kept before they are committed in one batch
 
     @torch.no_grad()
-    def ar_step(self, params=None, keep_taps: bool = False) -> list:
+    def ar_step(self, params=None, keep_taps: bool = False, top_k: int = 8) -> list:
         """One AR step (greedy, or sampled with `params`); returns the emitted token (the round's one
         device-to-host read). keep_taps: the step also keeps the drafter's row (a fall-back from
-        speculation: `catch_up` commits the rows before the next round)."""
+        speculation: `catch_up` commits the rows before the next round); top_k: the tree's branching,
+        for the catch-up's agreement count (fixed when the ring is made)."""
         if keep_taps:
             if self.drafter is None:
                 raise ValueError("keep_taps needs a drafter")
@@ -274,7 +279,8 @@ class DeviceEngine:
                               torch.zeros(n, dtype=torch.long, device=dev),
                               torch.zeros(1, dtype=torch.long, device=dev))
                 if getattr(self.drafter, "vocab_ids", None) is not None and hasattr(self.drafter, "head"):
-                    self._agree = torch.zeros(2, dtype=torch.long, device=dev)
+                    self._agree = torch.zeros(3, dtype=torch.long, device=dev)
+                    self._agree_k = max(1, min(int(top_k), self.drafter.vocab_ids.numel()))
             if self.pending == self._ring[1].numel():
                 self.catch_up()
         if _pkey(params) is not None:
@@ -297,14 +303,14 @@ class DeviceEngine:
         self.pending = 0
 
     def take_agreement(self):
-        """(depth-1 draft hits, pairs) of the rows caught up since the last call, or None when no
-        catch-up ran (a device-to-host read only then)."""
+        """(top-1 hits, top-k hits, pairs) of the depth-1 drafts of the rows caught up since the last
+        call, or None when no catch-up ran (a device-to-host read only then)."""
         if not self._agree_read:
             return None
         self._agree_read = False
-        hits, pairs = self._agree.tolist()
+        got = tuple(self._agree.tolist())
         self._agree.zero_()
-        return hits, pairs
+        return got
 
     @torch.no_grad()
     def spec_round(self, opts, params=None) -> list:

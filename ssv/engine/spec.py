@@ -131,7 +131,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             fallback.burst_end(engine.take_agreement() if fast else None, opts.tree.depth)
         t_round = time.perf_counter()
         if fallback is not None and fallback.use_ar():
-            new = engine.ar_step(params, keep_taps=True) if fast else _ar_keep(runner, drafter, root, params, gen, held)
+            new = (engine.ar_step(params, keep_taps=True, top_k=opts.tree.top_k) if fast
+                   else _ar_keep(runner, drafter, root, params, gen, held))
             fallback.observe_ar(time.perf_counter() - t_round)
             agree = engine.take_agreement() if fast else None
             if agree is not None:

@@ -8,8 +8,9 @@ double while probes keep failing (up to `max_ar`) and shrink back once a probe p
 head drafts badly costs a probe every few hundred tokens and a text it drafts well never leaves
 speculation. Strict rounds and AR steps emit the same tokens, so switching never changes the output;
 the drafter is kept in step by committing the AR steps' rows before the next round. Committing
-them in batches also tells, for free, how often the head's greedy draft named the next token: a
-high enough rate ends a burst without a probe round (`observe_agreement`).
+them in batches also tells, for free, how often the head's drafts named the next token, which
+estimates a round's accepted length (`expected_length`): a burst ends early when a round would
+pay, and is extended without a probe round when it would not.
 """
 from __future__ import annotations
 
@@ -66,20 +67,25 @@ class ArFallback:
         self.ar_steps += 1
         self._time("ar", seconds, self._t_ar)
 
-    def _chain(self, hits: int, pairs: int, depth: int) -> float:
-        a = min(hits / pairs, 0.999)
-        chain = (1 - a ** (depth + 1)) / (1 - a)
-        self.agreements.append((self.ar_steps, hits, pairs, chain))
-        return chain
+    def expected_length(self, top1: int, topk: int, pairs: int, depth: int) -> float:
+        """The tokens a round would emit, from the depth-1 drafts of `pairs` committed rows: `topk`
+        had the next token among the tree's first-level children, `top1` as the head's first choice.
+        The first level accepts at a_k, each deeper one about at a_1: 1 + a_k (1 - a_1^D) / (1 - a_1).
+        (The default head on the CPU, 6 texts of 3 families at 1K, 48-node trees: 1.50-2.52 estimated
+        against 1.57-2.62 measured, mean |error| 0.07; a top-1 chain alone misses by 0.15-0.64.)"""
+        a1, ak = min(top1 / pairs, 0.999), topk / pairs
+        est = 1.0 + ak * (1 - a1 ** depth) / (1 - a1)
+        self.agreements.append((self.ar_steps, top1, topk, pairs, est))
+        return est
 
     def burst_end(self, agreement, depth: int) -> None:
-        """At a burst's end, with the burst's agreement (hits, pairs) or None: if the head's drafts
-        would not pay, the burst is extended (doubled) without a probe round; else the next round
-        runs (and is judged as a probe)."""
+        """At a burst's end, with the burst's agreement (top-1 hits, top-k hits, pairs) or None: if
+        the head's drafts would not pay, the burst is extended (doubled) without a probe round; else
+        the next round runs (and is judged as a probe)."""
         self.check_due = False
-        if agreement is None or agreement[1] < self.min_pairs:
+        if agreement is None or agreement[2] < self.min_pairs:
             return
-        if self._chain(*agreement, depth) < self.break_even():
+        if self.expected_length(*agreement, depth) < self.break_even():
             self.ar_left = self.backoff
             self.bursts.append((self.rounds, self.backoff, None, self.break_even()))
             self.backoff = min(2 * self.backoff, self.max_ar)
@@ -99,14 +105,12 @@ class ArFallback:
         else:
             self.backoff = self.min_ar
 
-    def observe_agreement(self, hits: int, pairs: int, depth: int) -> None:
-        """Evidence from the AR steps themselves, at no round's cost: of `pairs` caught-up drafter
-        rows, `hits` had the head's greedy draft equal to the next token (a depth-1 acceptance).
-        A chain of `depth` drafts accepted at that rate yields (1 - a^(D+1)) / (1 - a) tokens a round,
-        a lower bound for a tree; when it reaches the break-even the burst ends (no probe round)."""
+    def observe_agreement(self, top1: int, topk: int, pairs: int, depth: int) -> None:
+        """Evidence from the AR steps themselves, at no round's cost (a mid-burst catch-up's
+        agreement, see `expected_length`): when a round would pay, the burst ends now."""
         if pairs < self.min_pairs or not self.use_ar():
             return
-        if self._chain(hits, pairs, depth) >= self.break_even():
+        if self.expected_length(top1, topk, pairs, depth) >= self.break_even():
             self.ar_left = 0
             self.backoff = self.min_ar
             self._seen.clear()
@@ -115,5 +119,5 @@ class ArFallback:
         return {"ar_steps": self.ar_steps, "spec_rounds": self.rounds, "break_even": self.break_even(),
                 "bursts": [{"after_round": r, "steps": n, "observed_length": m, "break_even": b}
                            for r, n, m, b in self.bursts],
-                "agreements": [{"ar_steps": s, "hits": h, "pairs": p, "chain_length": c}
-                               for s, h, p, c in self.agreements]}
+                "agreements": [{"ar_steps": s, "top1": h1, "topk": hk, "pairs": p, "expected_length": e}
+                               for s, h1, hk, p, e in self.agreements]}

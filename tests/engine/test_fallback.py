@@ -91,17 +91,19 @@ def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(
 
 def test_policy_agreement_ends_a_burst_without_a_probe():
     f = ArFallback(window=1, min_ar=64, max_ar=64, prior_break_even=2.5, min_pairs=16)
-    f.observe_agreement(30, 31, depth=6)          # not in a burst: no effect
+    f.observe_agreement(30, 31, 31, depth=6)      # not in a burst: no effect
     assert not f.use_ar() and not f.agreements
     f.observe_spec(1, 1.0)
     assert f.ar_left == 64
-    f.observe_agreement(9, 10, depth=6)           # too few pairs
-    f.observe_agreement(6, 31, depth=6)           # a = 0.19: chain 1.24 < 2.5, the burst goes on
+    f.observe_agreement(9, 10, 10, depth=6)       # too few pairs
+    f.observe_agreement(6, 12, 31, depth=6)       # 1 + (12/31)(1 - a1^6)/(1 - a1) = 1.48 < 2.5: on
     assert f.use_ar()
-    f.observe_agreement(22, 31, depth=6)          # a = 0.71: chain 3.13 >= 2.5, speculation resumes
+    f.observe_agreement(15, 26, 31, depth=6)      # a1 0.48, a8 0.84: 2.61 >= 2.5: speculation resumes
     assert not f.use_ar() and f.backoff == 64
-    assert [a["hits"] for a in f.summary()["agreements"]] == [6, 22]
-    assert f.summary()["agreements"][1]["chain_length"] == pytest.approx((1 - (22 / 31) ** 7) / (1 - 22 / 31))
+    ag = f.summary()["agreements"]
+    assert [a["top1"] for a in ag] == [6, 15]
+    a1, ak = 15 / 31, 26 / 31
+    assert ag[1]["expected_length"] == pytest.approx(1 + ak * (1 - a1 ** 6) / (1 - a1))
 
 
 def test_engine_agreement_counts_the_heads_depth1_hits():
@@ -130,7 +132,7 @@ def test_engine_agreement_counts_the_heads_depth1_hits():
         return seen[-1]
     d.commit_rows = spy
     eng.catch_up()
-    hits, pairs = eng.take_agreement()
+    top1, topk, pairs = eng.take_agreement()
     assert pairs == 19 and eng.take_agreement() is None
     # the reference: the same rows committed one at a time by a host drafter
     r2 = Runner(target, attention="nsa", nsa=NSA, max_len=300)
@@ -140,9 +142,10 @@ def test_engine_agreement_counts_the_heads_depth1_hits():
     preds = []
     for i in range(20):
         lp = ref.commit([t[len(prompt) + i:len(prompt) + i + 1] for t in allt], torch.tensor([toks[i + 1]]))
-        preds.append(int(lp.argmax()))
+        preds.append(lp.topk(8).indices.tolist())
     assert seen[0][:20].tolist() == preds
-    assert hits == sum(preds[i] == toks[i + 2] for i in range(19))
+    assert top1 == sum(preds[i][0] == toks[i + 2] for i in range(19))
+    assert topk == sum(toks[i + 2] in preds[i] for i in range(19))   # (0 for this random head: the planted test counts hits)
 
 
 def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
@@ -159,15 +162,18 @@ def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
     toks = [5] + [eng.ar_step(keep_taps=True)[0] for _ in range(13)]
     ring = eng._ring[1].clone()
 
-    def planted(taps, tokens, n, predict=False):
-        pred = torch.roll(tokens, -1)
-        pred[::3] += 1                                   # rows 0, 3, 6, ... miss
+    def planted(taps, tokens, n, predict=0):
+        nxt = torch.roll(tokens, -1)
+        pred = torch.stack([nxt + 1 + j for j in range(predict)], -1)   # top-1 misses everywhere ...
+        pred[1::3, 0] = nxt[1::3]                        # ... but at rows 1, 4, 7, ...
+        pred[::2, 3] = nxt[::2]                          # the 4th choice hits at even rows
         return pred
     monkeypatch.setattr(d, "commit_rows", planted)
     eng.catch_up()
-    hits, pairs = eng.take_agreement()
+    top1, topk, pairs = eng.take_agreement()
     assert torch.equal(ring[:13], torch.tensor(toks[1:]))
-    assert pairs == 12 and hits == sum(1 for i in range(12) if i % 3)
+    assert pairs == 12 and top1 == sum(1 for i in range(12) if i % 3 == 1)
+    assert topk == sum(1 for i in range(12) if i % 3 == 1 or i % 2 == 0)
 
 
 def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
@@ -176,11 +182,11 @@ def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
     for _ in range(2):
         f.observe_ar(0.5)
     assert f.check_due and not f.use_ar()
-    f.burst_end((1, 10), depth=6)                  # poor drafts: a doubled burst, no round
+    f.burst_end((1, 2, 10), depth=6)               # poor drafts: a doubled burst, no round
     assert not f.check_due and f.ar_left == 4 and [b[1] for b in f.bursts] == [2, 4]
     for _ in range(4):
         f.observe_ar(0.5)
-    f.burst_end((9, 10), depth=6)                  # good drafts: the next round runs as a probe
+    f.burst_end((9, 10, 10), depth=6)              # good drafts: the next round runs as a probe
     assert not f.use_ar() and len(f.bursts) == 2
     f.observe_spec(1, 1.0)                         # the probe fails after all: a burst of 8
     assert f.ar_left == 8
