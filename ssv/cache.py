@@ -15,10 +15,6 @@ from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
 
 
-def k_is_kernel(t: torch.Tensor, kernel: Optional[bool]) -> bool:
-    return t.is_cuda if kernel is None else bool(kernel)
-
-
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, scratch: int = 256,
                  nsa: Optional[NSAConfig] = None, dtype: torch.dtype = torch.float32,
@@ -74,7 +70,7 @@ class KVCache:
         the first n [1] are accepted; they are compacted to [P, P + n), P advances and the compressed
         blocks they complete are filled. Fixed shapes: R and the block count bound the work.
         kernel (default: on CUDA): `ssv.ops.commit` in two launches instead of ~35 tensor ops."""
-        if k_is_kernel(self.k, kernel):
+        if self.k.is_cuda if kernel is None else kernel:
             from ssv.ops.commit.ops import kv_commit
             kv_commit(self.k, self.v, self._cmp, self.dlen, path, n, self.nsa)
         else:

@@ -27,10 +27,11 @@ from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.accept import SamplingParams
+from ssv.spec.fallback import ArFallback
 from ssv.spec.tree import TreeSpec
 
-MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv approx C16", "ssv approx C16 reuse/2", "ar dense", "eagle3 dense",
-         "transformers")
+MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv approx C16", "ssv approx C16 reuse/2",
+         "ar dense", "eagle3 dense", "transformers")
 GREEDY = SamplingParams(temperature=0.0)
 QUESTION = "\n\nWhat is the text above about? Answer in a few sentences."
 
@@ -156,7 +157,6 @@ def run_default(args, env: dict, save) -> list:
         if opts is None:
             res = generate_ar(r, ids, GREEDY, args.new_tokens, engine=eng)
         else:
-            from ssv.spec.fallback import ArFallback
             fb = None
             if mode in FALLBACK:  # the warm-up forces a burst: the fall-back's graphs are captured too
                 fb = ArFallback(window=1, min_ar=4, max_ar=4, prior_break_even=1e9) if warm else ArFallback()

@@ -47,14 +47,19 @@ def test_kernel_round_with_the_fused_eagle3_drafter_emits_ar_tokens():
     assert res.token_ids == ar.token_ids
 
 
+def _bf16_eagle3_case(seed):
+    """A bf16 target on CUDA, a 70-token prompt from `seed` and a tiny EAGLE-3 head (window 16)."""
+    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return target, prompt, tiny_head(target, draft_vocab=40, window=16)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_eager_eagle3_round():
     """The real drafter's three graphs (draft on the fused layer, verify, accept + commit) against the
     same rounds run eagerly: the same tokens, rounds and committed draft rows."""
-    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
-    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(7)).tolist()
-    head = tiny_head(target, draft_vocab=40, window=16)
+    target, prompt, head = _bf16_eagle3_case(7)
     outs = {}
     for graphs in (False, True):
         r = Runner(target, attention="nsa", nsa=NSA, max_len=200)
@@ -75,9 +80,7 @@ def test_graph_replay_equals_eager_fallback_rounds():
     """Rounds interleaved with AR steps that keep the drafter's rows (their own graph, the ring caught
     up before each round): graphed equals eager, and the drafter ends where the eager one does."""
     from ssv.spec.fallback import ArFallback
-    target = make_tiny_model(1, vocab=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16).cuda().to(torch.bfloat16)
-    prompt = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(8)).tolist()
-    head = tiny_head(target, draft_vocab=40, window=16)
+    target, prompt, head = _bf16_eagle3_case(8)
     outs = {}
     for graphs in (False, True):
         r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
