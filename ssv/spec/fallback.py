@@ -72,7 +72,8 @@ class ArFallback:
         had the next token among the tree's first-level children, `top1` as the head's first choice.
         The first level accepts at a_k, each deeper one about at a_1: 1 + a_k (1 - a_1^D) / (1 - a_1).
         (The default head on the CPU, 6 texts of 3 families at 1K, 48-node trees: 1.50-2.52 estimated
-        against 1.57-2.62 measured, mean |error| 0.07; a top-1 chain alone misses by 0.15-0.64.)"""
+        against 1.57-2.62 measured, mean |error| 0.08; a top-1 chain alone misses by 0.15-0.64:
+        bench/results/fallback-estimate-cpu.json.)"""
         a1, ak = min(top1 / pairs, 0.999), topk / pairs
         est = 1.0 + ak * (1 - a1 ** depth) / (1 - a1)
         self.agreements.append((self.ar_steps, top1, topk, pairs, est))
