@@ -11,6 +11,8 @@
 #        splits the default GGUF into .stage/draft/gguf.part{0,1,2} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
 #   2. run "bash scripts/train_draft_gpu.sh receive 0" carry [".stage/draft/gguf.part0"]
+#      (the general head: also ".stage/corpus/corpus.part0.jsonl.xz", made here by
+#      `python -m ssv.draft.corpus`; part 1 likewise; then `train-general` instead of `train`)
 #      (any command may follow it in the same call, e.g. the kernel tests)
 #   3. AT ONCE: run "bash scripts/train_draft_gpu.sh receive 1" carry [".stage/draft/gguf.part1"]
 #   4. AT ONCE: run "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part2",
@@ -79,11 +81,18 @@ stage)
 assemble)  # the GGUF from the received parts (other scripts call this)
     assemble_gguf
     ;;
-receive)  # keep a carried part outside the repo, where the next call finds it
+receive)  # keep a carried part (and the corpus part of the same number) outside the repo
     part=${2:?usage: receive <part number>}
     mkdir -p /tmp/stage
     cp "$STAGE/gguf.part$part" /tmp/stage/
+    [ -f ".stage/corpus/corpus.part$part.jsonl.xz" ] && cp ".stage/corpus/corpus.part$part.jsonl.xz" /tmp/stage/
     ls -la /tmp/stage
+    ;;
+train-general)  # the general-purpose head: the shipped recipe plus the corpus (see bench/results/draft-general)
+    shift
+    exec "$0" train --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \
+        --num-prompts 1000 --self-prompts 500 --corpus-prompts 1500 --max-prompt-tokens 2048 --gen-batch 512 \
+        --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
 train)
     shift

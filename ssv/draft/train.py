@@ -4,7 +4,8 @@ Stages, all cached in --run-dir so a run stopped by --time-budget resumes where 
 same command is run again (exit status 75 = stopped early, run again; 0 = finished):
   1. prompts (data.py; hash split)       -> prompts_train.jsonl, eval_prompts.jsonl
   2. the target's answers (gen.py)       -> data/{eval,train}_*.pt
-     (+ with --raw-tokens: plain stdlib source pieces, labelled by the target online
+     (+ with --raw-tokens: plain stdlib source pieces, labelled by the target online,
+        and with --corpus: the machine's general text (corpus.py) as long pieces and chat prompts
                                          -> data/{eval,train}_raw_*.pt)
   3. the draft vocabulary (vocab.py)     -> vocab.pt (the --draft-vocab most frequent answer tokens)
   4. TTT training (ttt.py), the target recomputing tapped features + logits online for each batch
@@ -31,8 +32,10 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 # parameters that change the data or the head: a resumed run must keep them
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
-            "raw_tokens", "raw_eval_tokens", "self_prompts")
-ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0}  # keys newer than some run folders: their old value
+            "raw_tokens", "raw_eval_tokens", "self_prompts", "corpus", "corpus_prompts", "corpus_tokens",
+            "corpus_eval_tokens")
+ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0, "corpus": "", "corpus_prompts": 0,
+              "corpus_tokens": 0, "corpus_eval_tokens": 0}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -66,6 +69,13 @@ def add_train_draft_parser(subparsers):
     g.add_argument("--self-prompts", type=int, default=0,
                    help="also this many general chat prompts written by the target itself from built-in topic "
                         "seeds (self-instruct; split by topic), answered like the others")
+    g.add_argument("--corpus", default="", metavar="FILES",
+                   help="comma list of corpus files (python -m ssv.draft.corpus: manual pages, package docs, "
+                        "C headers, shell scripts of the building machine, split by file)")
+    g.add_argument("--corpus-prompts", type=int, default=0, help="chat prompts over corpus documents (answered)")
+    g.add_argument("--corpus-tokens", type=int, default=0,
+                   help="plain corpus tokens, documents concatenated into --seq-len pieces (long contexts)")
+    g.add_argument("--corpus-eval-tokens", type=int, default=0, help="held-out plain corpus tokens in the eval set")
     h = p.add_argument_group("head and training")
     h.add_argument("--draft-vocab", type=int, default=8192)
     h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
@@ -122,13 +132,19 @@ def cmd_train_draft(args) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but no CUDA device is available")
-    for name in ("raw_tokens", "raw_eval_tokens", "self_prompts"):
+    for name in ("raw_tokens", "raw_eval_tokens", "self_prompts", "corpus_prompts", "corpus_tokens",
+                 "corpus_eval_tokens"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("num_prompts", "seq_len", "ttt_steps", "draft_vocab", "window", "batch_tokens", "gen_batch",
                  "max_new_tokens", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    uses_corpus = args.corpus_prompts or args.corpus_tokens or args.corpus_eval_tokens
+    if uses_corpus and not args.corpus:
+        raise ValueError("--corpus-prompts / --corpus-tokens / --corpus-eval-tokens need --corpus FILES")
+    from ssv.draft.corpus import read_corpus
+    corpus = read_corpus([f for f in args.corpus.split(",") if f]) if args.corpus else []  # fails before any work
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     _check_run(run, args)
@@ -160,9 +176,12 @@ def cmd_train_draft(args) -> int:
     if not (run / "eval_prompts.jsonl").exists():
         own = self_instruct(run, args, teacher, ck.tokenizer) if args.self_prompts else []
         own_eval = [p for p in own if data.is_eval(p["split_key"])][: max(1, args.eval_prompts // 4)]
+        from ssv.draft.corpus import corpus_prompts
         data.write_prompts(run / "prompts_train.jsonl", data.train_prompts(args.num_prompts, sources)
-                           + [p for p in own if not data.is_eval(p["split_key"])])
-        data.write_prompts(run / "eval_prompts.jsonl", data.eval_prompts(args.eval_prompts, sources) + own_eval)
+                           + [p for p in own if not data.is_eval(p["split_key"])]
+                           + corpus_prompts(corpus, "train", args.corpus_prompts))
+        data.write_prompts(run / "eval_prompts.jsonl", data.eval_prompts(args.eval_prompts, sources) + own_eval
+                           + corpus_prompts(corpus, "eval", args.eval_prompts // 4 if args.corpus_prompts else 0))
     gkw = dict(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
                batch=args.gen_batch, sample_frac=args.sample_frac, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, deadline=deadline, log=lambda m: _log(run, m))
@@ -170,11 +189,15 @@ def cmd_train_draft(args) -> int:
         if not gen.generate_split(run / "data", split, data.read_prompts(run / name), teacher, ck.tokenizer, **gkw):
             _log(run, f"stopped by --time-budget; run the same command again to resume (exit {EXIT_RESUME})")
             return EXIT_RESUME
-    for split, n in (("eval", args.raw_eval_tokens), ("train", args.raw_tokens)):
-        if n and not (run / "data" / f"{split}_raw.done").exists():
-            pieces = data.raw_documents(ck.tokenizer, split, args.seq_len, n)
-            gen.write_raw_split(run / "data", split, pieces)
-            _log(run, f"{split}: {len(pieces)} plain-source pieces, {sum(map(len, pieces))} tokens")
+    from ssv.draft.corpus import corpus_pieces
+    for split, n, nc in (("eval", args.raw_eval_tokens, args.corpus_eval_tokens),
+                         ("train", args.raw_tokens, args.corpus_tokens)):
+        if (n or nc) and not (run / "data" / f"{split}_raw.done").exists():
+            pieces = data.raw_documents(ck.tokenizer, split, args.seq_len, n) if n else []
+            extra = corpus_pieces(ck.tokenizer, corpus, split, args.seq_len, nc) if nc else []
+            gen.write_raw_split(run / "data", split, pieces + extra)
+            _log(run, f"{split}: {len(pieces)} plain-source pieces, {sum(map(len, pieces))} tokens; "
+                      f"{len(extra)} corpus pieces, {sum(map(len, extra))} tokens")
     from ssv.draft.loop import train_loop
 
     return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m))
