@@ -1,22 +1,30 @@
-"""`ssv bench spec`: speculative decoding by context length on held-out real documents.
+"""`ssv bench spec`: speculative decoding by family and context length on held-out real documents.
 
-For each context length, each document is cut to that many tokens and continued greedily by:
-`ar` (autoregressive NSA, the 1.00x baseline), `ssv strict` (must reproduce `ar` token for token),
-`ssv approx` (shared selections and cross-layer routing reuse: its deviation from `ar` and its
-acceptance are measured, not assumed), and EAGLE-3 over dense attention (`dense`). Reported: mean
-accepted length (tokens per verify round, bonus included), acceptance by depth, tokens/s, and for
-every speculative mode the position of the first token that differs from `ar`.
-Documents: standard-library files from the draft's evaluation split (never trained on).
+For each context length, family and document, the document is cut to that many tokens and continued
+at each `--temperatures` value (0: greedy) by: `ar` (autoregressive NSA, the 1.00x baseline at the
+same temperature), `ssv strict` (greedy: must reproduce `ar` token for token), `ssv approx` (shared
+selections and cross-layer routing reuse: its deviation from `ar` and its acceptance are measured,
+not assumed), and EAGLE-3 over dense attention (`dense`). Reported per (family, context, mode,
+temperature): mean accepted length (tokens per verify round, bonus included), acceptance by depth,
+tokens/s, and for greedy speculative rows the position of the first token that differs from `ar`.
+Sampled rows (temperature > 0, fixed `--seed`) have no first difference (None): their tokens differ
+from `ar`'s by design; acceptance keeps the target's distribution exactly (ssv.spec.accept).
+Documents: families code, prose, chat from `--prompts` (scripts/make_e2e_prompts.py's JSON, prompts
+built as `ssv bench e2e` builds them: chat wraps the document, cut to fit, with a question in the
+chat template); without it, code only: standard-library files of the draft's evaluation split (never
+trained on).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 
 import torch
 
+from ssv.bench.e2e import prompt_ids
 from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import generate_spec
@@ -39,6 +47,60 @@ def eval_documents(tok, min_tokens: int, count: int) -> list:
     if len(docs) < count:
         raise ValueError(f"only {len(docs)} held-out documents of {min_tokens} tokens are available")
     return docs
+
+
+FAMILIES = ("code", "prose", "chat")
+
+
+def load_prompts(path: str) -> dict:
+    """--prompts: JSON {family: [text, ...]}."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--prompts {path} not found (make it with scripts/make_e2e_prompts.py)")
+    with open(path) as f:
+        texts = json.load(f)
+    if not isinstance(texts, dict) or not all(isinstance(v, list) and all(isinstance(t, str) for t in v)
+                                              for v in texts.values()):
+        raise ValueError(f"--prompts {path} must hold JSON {{family: [text, ...]}}")
+    return texts
+
+
+def check_families(families, texts=None) -> list:
+    """The families to measure: `families`, or by default code, prose, chat with --prompts (texts) and
+    code alone without it (the held-out stdlib documents)."""
+    if texts is None:
+        fams = list(families or ["code"])
+        bad = [f for f in fams if f != "code"]
+        if bad:
+            raise ValueError(f"unknown families {bad} without --prompts: only 'code' (held-out stdlib documents) "
+                             "is available; the others need --prompts (scripts/make_e2e_prompts.py)")
+    else:
+        fams = list(families or FAMILIES)
+        bad = [f for f in fams if f not in texts]
+        if bad:
+            raise ValueError(f"unknown families {bad}: --prompts has {sorted(texts)}")
+    if len(set(fams)) != len(fams):
+        raise ValueError(f"--families names a family twice: {fams}")
+    return fams
+
+
+def family_documents(tok, texts: dict, families, contexts, count: int) -> dict:
+    """family -> `count` documents, each {context: prompt ids} (`ssv.bench.e2e.prompt_ids`). Every text
+    must have at least max(contexts) tokens (chat: then the document is cut to fit the template)."""
+    need, out = max(contexts), {}
+    for fam in families:
+        items = texts[fam][:count]
+        if len(items) < count:
+            raise ValueError(f"--prompts has {len(items)} {fam} documents, fewer than --docs {count}")
+        docs = []
+        for i, text in enumerate(items):
+            if fam == "chat" and len(tok.encode(text)) < need:
+                raise ValueError(f"chat document {i} has {len(tok.encode(text))} tokens, fewer than {need}")
+            try:
+                docs.append({L: prompt_ids(tok, fam, text, L) for L in contexts})
+            except ValueError as e:
+                raise ValueError(f"{fam} document {i}: {e}") from None
+        out[fam] = docs
+    return out
 
 
 def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=()) -> dict:
@@ -67,39 +129,50 @@ def first_diff(a: list, b: list):
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
 
-def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree: TreeSpec,
+def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
-              warmup: int = 0, extra_trees=()) -> list:
-    """Rows per (context, document, mode). make_runner(attention) -> Runner (default: model defaults);
-    on_row(rows) after every row (the benchmark writes its JSON there, so a run cut short keeps them).
-    warmup > 0: first generate that many tokens in every mode (untimed), so kernel compilation and
-    launch-config tuning do not land in the first document's tokens/s."""
+              warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0) -> list:
+    """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
+    token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
+    family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
+    row (the benchmark writes its JSON there, so a run cut short keeps them). warmup > 0: first generate
+    that many tokens in every mode at every temperature (untimed), so kernel compilation and
+    launch-config tuning do not land in the first document's tokens/s. Sampling uses `seed` in every
+    run (reproducible on the host)."""
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
+    docs = docs if isinstance(docs, dict) else {"code": docs}
+    params = {float(t): SamplingParams(temperature=float(t)) for t in temperatures}   # bad values fail here
+    cut = lambda doc, L: doc[L] if isinstance(doc, dict) else doc[:L]  # noqa: E731
     rows = []
     n_layers = model.cfg.n_layers
     table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees).items()
              if not which or name in which}
-    if warmup and docs and contexts:
-        ids = docs[0][:contexts[0]]
-        generate_ar(make_runner("nsa"), ids, SamplingParams(), warmup)
-        for att, opts in table.values():
-            generate_spec(make_runner(att), drafter, ids, SamplingParams(), warmup, opts)
-    for L in contexts:
-        for d, doc in enumerate(docs):
-            ids = doc[:L]
-            ar = generate_ar(make_runner("nsa"), ids, SamplingParams(), new_tokens, margins=True)
-            rows.append(dict(context=L, doc=d, mode="ar", mean_accepted_length=1.0,
-                             tokens_per_second=ar.stats["tokens_per_second"], first_diff_vs_ar=None,
-                             min_top2_margin=min(ar.stats["top2_margins"])))
+    first = next((ds[0] for ds in docs.values() if ds), None)
+    if warmup and first is not None and contexts:
+        ids = cut(first, contexts[0])
+        for sp in params.values():
+            generate_ar(make_runner("nsa"), ids, sp, warmup, seed=seed)
+            for att, opts in table.values():
+                generate_spec(make_runner(att), drafter, ids, sp, warmup, opts, seed=seed)
+    items = [(family, d, doc) for family, fdocs in docs.items() for d, doc in enumerate(fdocs)]
+    for L in contexts:   # context-major: a run cut short still covers every family
+        for (family, d, doc), (T, sp) in itertools.product(items, params.items()):
+            ids, greedy = cut(doc, L), sp.greedy
+            base = dict(family=family, context=L, temperature=T, doc=d, prompt_tokens=len(ids))
+            ar = generate_ar(make_runner("nsa"), ids, sp, new_tokens, seed=seed, margins=greedy)
+            ar_tps = ar.stats["tokens_per_second"]
+            rows.append(dict(base, mode="ar", mean_accepted_length=1.0, tokens_per_second=ar_tps,
+                             first_diff_vs_ar=None, min_top2_margin=min(ar.stats["top2_margins"]) if greedy else None))
             for name, (att, opts) in table.items():
-                sd = generate_spec(make_runner(att), drafter, ids, SamplingParams(), new_tokens, opts)
+                sd = generate_spec(make_runner(att), drafter, ids, sp, new_tokens, opts, seed=seed)
                 st = sd.stats
-                diff = first_diff(ar.token_ids, sd.token_ids)
-                rows.append(dict(context=L, doc=d, mode=name, tokens=len(sd.token_ids),
+                # sampled: the tokens differ from ar's by design, there is no first difference
+                diff = first_diff(ar.token_ids, sd.token_ids) if greedy else None
+                rows.append(dict(base, mode=name, tokens=len(sd.token_ids),
                                  mean_accepted_length=st["mean_accepted_length"],
                                  acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
                                  tokens_per_second=st["tokens_per_second"],
-                                 speedup_vs_ar=st["tokens_per_second"] / max(ar.stats["tokens_per_second"], 1e-9),
+                                 speedup_vs_ar=st["tokens_per_second"] / max(ar_tps, 1e-9),
                                  first_diff_vs_ar=diff,
                                  ar_margin_at_diff=None if diff is None else ar.stats["top2_margins"][diff]))
                 if progress:
@@ -109,25 +182,40 @@ def eval_spec(model, drafter, docs: list, contexts: list, new_tokens: int, tree:
     return rows
 
 
+def _key(r: dict) -> tuple:
+    # rows from older files have neither: they were greedy runs on code documents
+    return r.get("family", "code"), r["context"], float(r.get("temperature", 0.0)), r["mode"]
+
+
 def summarize(rows: list, new_tokens: int = 0) -> list:
-    """Per (context, mode): means, and agreement with `ar`. A run agrees with `ar` up to its first
-    differing token; `divergence_rate` is first differences per token compared (rows without a
-    `tokens` count, from older files, count new_tokens)."""
-    out = []
-    for key in sorted({(r["context"], r["mode"]) for r in rows}):
-        rs = [r for r in rows if (r["context"], r["mode"]) == key]
+    """Per (family, context, temperature, mode): means, and agreement with `ar`. A greedy run agrees with
+    `ar` up to its first differing token; `divergence_rate` is first differences per token compared
+    (rows without a `tokens` count, from older files, count new_tokens). Sampled groups (temperature
+    > 0) are not compared with `ar` (None). acceptance_by_depth: the elementwise mean over documents,
+    shorter lists padded with 0 (a tree that is not that deep never accepts there)."""
+    out, groups = [], {}
+    for r in rows:
+        groups.setdefault(_key(r), []).append(r)
+    for key in sorted(groups):
+        rs = groups[key]
+        family, context, temperature, mode = key
         diffs = [r["first_diff_vs_ar"] for r in rs]
         margins = [r.get("ar_margin_at_diff") for r in rs if r.get("ar_margin_at_diff") is not None]
         compared = sum(r.get("tokens", new_tokens) if r["first_diff_vs_ar"] is None else r["first_diff_vs_ar"] + 1
                        for r in rs)
         n_div = sum(d is not None for d in diffs)
-        out.append(dict(context=key[0], mode=key[1], docs=len(rs),
-                        divergences=n_div, tokens_compared=compared,
-                        divergence_rate=n_div / compared if compared else None,
+        depth = [r["acceptance_by_depth"] for r in rs if r.get("acceptance_by_depth") is not None]
+        width = max((len(a) for a in depth), default=0)
+        greedy = temperature == 0.0
+        out.append(dict(family=family, context=context, mode=mode, temperature=temperature, docs=len(rs),
+                        divergences=n_div if greedy else None, tokens_compared=compared if greedy else None,
+                        divergence_rate=(n_div / compared if compared else None) if greedy else None,
                         mean_accepted_length=sum(r["mean_accepted_length"] for r in rs) / len(rs),
+                        acceptance_by_depth=[sum(a[i] if i < len(a) else 0.0 for a in depth) / len(depth)
+                                             for i in range(width)] if depth else None,
                         tokens_per_second=sum(r["tokens_per_second"] for r in rs) / len(rs),
                         speedup_vs_ar=sum(r.get("speedup_vs_ar", 1.0) for r in rs) / len(rs),
-                        identical_to_ar=sum(d is None for d in diffs),
+                        identical_to_ar=sum(d is None for d in diffs) if greedy else None,
                         max_ar_margin_at_diff=max(margins) if margins else None))
     return out
 
@@ -136,7 +224,13 @@ def add_args(p) -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
     p.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 6144])
-    p.add_argument("--docs", type=int, default=3)
+    p.add_argument("--docs", type=int, default=3, help="documents per family")
+    p.add_argument("--prompts", help="JSON {family: [text, ...]} (scripts/make_e2e_prompts.py); "
+                   "without it: code only, from the held-out stdlib files")
+    p.add_argument("--families", nargs="+", help="default: code prose chat with --prompts, code without it")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
+                   help="0: greedy; > 0: sampled (every row at every temperature)")
+    p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--tree-depth", type=int, default=6)
     p.add_argument("--tree-topk", type=int, default=8)
@@ -163,6 +257,11 @@ def cmd_bench_spec(args) -> int:
     from ssv.cli import load_model
     from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
 
+    temps = [SamplingParams(temperature=t).temperature for t in args.temperatures]  # bad input fails first
+    texts = load_prompts(args.prompts) if args.prompts else None
+    families = check_families(args.families, texts)
+    tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
+    extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
     model, tok = load_model(args.model, args.device)
     p = next(model.parameters())
     if args.draft == "default":
@@ -170,9 +269,10 @@ def cmd_bench_spec(args) -> int:
     else:
         head, _ = load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)
     drafter = Eagle3Drafter(head, model)
-    docs = eval_documents(tok, max(args.contexts), args.docs)
-    tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
-    extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
+    if texts is None:
+        docs = {"code": eval_documents(tok, max(args.contexts), args.docs)}
+    else:
+        docs = family_documents(tok, texts, families, args.contexts, args.docs)
     if args.device == "cuda":
         env = environment()
     else:
@@ -191,25 +291,33 @@ def cmd_bench_spec(args) -> int:
                       f, indent=1)
         os.replace(tmp, os.path.join(args.out, f"spec-{args.device}.json"))
 
+    # room past the model's trained length for the new tokens and a last tree (as `bench e2e`): an
+    # 8K prompt of the 8K-position default model is measured, not refused
+    max_len = max(args.contexts) + args.new_tokens + max([tree.total_tokens] + [t.total_tokens for t in extra]) + 16
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
+                     make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
-                     extra_trees=extra)
+                     extra_trees=extra, temperatures=temps, seed=args.seed)
     save(rows)
     from ssv.spec.planner import Profile
-    try:  # the offline profile of the adaptive planner (`ssv generate --profile`)
-        prof = Profile.from_rows(rows, strategies(tree, "pos", extra_trees=extra),
-                                 meta={"env": env, "source": f"ssv bench spec, {len(docs)} documents"})
+    try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature
+        t0 = min(temps)
+        src = f"ssv bench spec, {args.docs} documents per family ({', '.join(families)})"
+        prof = Profile.from_rows([r for r in rows if r["temperature"] == t0],
+                                 strategies(tree, "pos", extra_trees=extra),
+                                 meta={"env": env, "temperature": t0, "source": src})
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:
         print(f"no profile written: {e}", file=sys.stderr)
-    summary = summarize(rows, args.new_tokens)
-    print(f"{'context':>8s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} {'== ar':>6s} {'div/tok':>8s} "
-          f"{'max margin':>10s}")
-    for s in summary:
-        mm = s["max_ar_margin_at_diff"]
-        print(f"{s['context']:8d} {s['mode']:24s} {s['docs']:4d} {s['mean_accepted_length']:6.2f} "
-              f"{s['tokens_per_second']:8.1f} {s['identical_to_ar']:6d} {s['divergence_rate'] or 0:8.4f} "
-              f"{'' if mm is None else f'{mm:.3f}':>10s}")
+    opt = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+    print(f"{'family':6s} {'context':>7s} {'temp':>4s} {'mode':24s} {'docs':>4s} {'MAL':>6s} {'tok/s':>8s} "
+          f"{'x ar':>5s} {'== ar':>5s} {'div/tok':>8s} {'max margin':>10s}  acceptance by depth")
+    for s in summarize(rows, args.new_tokens):
+        line = (f"{s['family']:6s} {s['context']:7d} {s['temperature']:4.2g} {s['mode']:24s} {s['docs']:4d} "
+                f"{s['mean_accepted_length']:6.2f} {s['tokens_per_second']:8.1f} {s['speedup_vs_ar']:5.2f} "
+                f"{opt(s['identical_to_ar'], 'd'):>5s} {opt(s['divergence_rate'], '.4f'):>8s} "
+                f"{opt(s['max_ar_margin_at_diff'], '.3f'):>10s}  ")
+        print((line + " ".join(f"{a:.2f}" for a in s["acceptance_by_depth"] or [])).rstrip())
     return 0
 
 

@@ -1,0 +1,151 @@
+"""`ssv bench spec` by family and temperature: the family prompts, the rows, the summary, the command."""
+import json
+import random
+
+import pytest
+
+from ssv.bench.spec import check_families, eval_spec, family_documents, summarize
+from ssv.draft import Eagle3Drafter
+from ssv.engine.runner import Runner
+from ssv.spec.tree import TreeSpec
+
+from .draft.helpers import tiny_head, tiny_target
+from .engine.test_spec import NSA
+from .test_cli import fails, fast_default, random_head, succeeds  # noqa: F401 -- fixtures
+
+CONTEXTS = [40, 70]
+
+
+class WordTok:
+    """One token per word, its length (ids 1..20 stay inside the tiny target's vocabulary)."""
+
+    def encode(self, text):
+        return [len(w) for w in text.split()]
+
+    def decode(self, ids):
+        return " ".join("x" * i for i in ids)
+
+    def apply_chat_template(self, msgs, add_generation_prompt=True):
+        return "<user> " + msgs[0]["content"] + " <assistant>"
+
+
+def text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join("w" * rng.randint(1, 20) for _ in range(words))
+
+
+TEXTS = {"code": [text(1, 120)], "chat": [text(2, 120)], "prose": [text(3, 120)]}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_target()
+    drafter = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    docs = family_documents(WordTok(), TEXTS, ["code", "chat"], CONTEXTS, 1)
+
+    def run(temperatures, seed=0):
+        return eval_spec(target, drafter, docs, CONTEXTS, 8, TreeSpec(3, 2, 6), which={"ssv strict"},
+                         make_runner=lambda att: Runner(target, attention=att, nsa=NSA), warmup=2,
+                         temperatures=temperatures, seed=seed)
+    return docs, run, run([0.0, 0.7])
+
+
+def test_family_documents_build_each_familys_prompts_at_each_context(setup):
+    docs = setup[0]
+    assert set(docs) == {"code", "chat"} and all(len(ds) == 1 for ds in docs.values())
+    code, chat = docs["code"][0], docs["chat"][0]
+    assert code == {L: WordTok().encode(TEXTS["code"][0])[:L] for L in CONTEXTS}
+    for L in CONTEXTS:  # chat: the document cut to fit, the question, the template
+        assert len(chat[L]) <= L and chat[L][-1] == len("<assistant>")
+
+
+def test_rows_carry_family_and_temperature_and_summary_groups_by_them(setup):
+    rows = setup[2]
+    assert {(r["family"], r["context"], r["temperature"], r["mode"]) for r in rows} == {
+        (f, L, t, m) for f in ("code", "chat") for L in CONTEXTS for t in (0.0, 0.7) for m in ("ar", "ssv strict")}
+    summ = summarize(rows)
+    assert len(summ) == 2 * 2 * 2 * 2 and all(s["docs"] == 1 for s in summ)   # one per family, not pooled
+    for s in summ:
+        (r,) = [r for r in rows if (r["family"], r["context"], r["temperature"], r["mode"])
+                == (s["family"], s["context"], s["temperature"], s["mode"])]
+        assert s["mean_accepted_length"] == r["mean_accepted_length"]
+        assert s["acceptance_by_depth"] == r.get("acceptance_by_depth")
+        if s["mode"] != "ar":
+            assert len(s["acceptance_by_depth"]) == 3
+
+
+def test_greedy_strict_rows_are_identical_to_ar(setup):
+    greedy = [r for r in setup[2] if r["temperature"] == 0.0 and r["mode"] == "ssv strict"]
+    assert len(greedy) == 4 and all(r["first_diff_vs_ar"] is None and r["tokens"] == 8 for r in greedy)
+    summ = [s for s in summarize(setup[2], 8) if s["temperature"] == 0.0 and s["mode"] == "ssv strict"]
+    assert all(s["identical_to_ar"] == 1 and s["divergences"] == 0 and s["tokens_compared"] == 8 for s in summ)
+    ar = [r for r in setup[2] if r["temperature"] == 0.0 and r["mode"] == "ar"]
+    assert all(r["min_top2_margin"] >= 0 for r in ar)
+
+
+def test_sampled_rows_have_no_first_difference_and_are_seeded(setup):
+    _, run, rows = setup
+    sampled = [r for r in rows if r["temperature"] == 0.7]
+    assert len(sampled) == 8 and all(r["first_diff_vs_ar"] is None for r in sampled)
+    assert all(r["ar_margin_at_diff"] is None for r in sampled if r["mode"] != "ar")
+    assert all(r["min_top2_margin"] is None for r in sampled if r["mode"] == "ar")
+    for s in summarize(rows):   # not compared with ar: its tokens differ by design
+        if s["temperature"] == 0.7:
+            assert s["identical_to_ar"] is s["divergences"] is s["divergence_rate"] is None
+    again = run([0.7])          # the same seed: the same runs
+    keys = ("family", "context", "mode", "tokens", "rounds", "mean_accepted_length", "acceptance_by_depth")
+    assert [[r.get(k) for k in keys] for r in again] == [[r.get(k) for k in keys] for r in sampled]
+
+
+def test_bad_family_input():
+    tok = WordTok()
+    with pytest.raises(ValueError, match="prose document 0: a prose document has 120 tokens, fewer than 200"):
+        family_documents(tok, TEXTS, ["prose"], [40, 200], 1)
+    with pytest.raises(ValueError, match="chat document 0 has 120 tokens, fewer than 200"):
+        family_documents(tok, TEXTS, ["chat"], [200], 1)
+    with pytest.raises(ValueError, match="1 code documents, fewer than --docs 2"):
+        family_documents(tok, TEXTS, ["code"], [40], 2)
+    with pytest.raises(ValueError, match=r"unknown families \['poetry'\]: --prompts has \['chat', 'code', 'prose'\]"):
+        check_families(["code", "poetry"], TEXTS)
+    with pytest.raises(ValueError, match="only 'code'"):
+        check_families(["prose"])
+    with pytest.raises(ValueError, match="twice"):
+        check_families(["code", "code"], TEXTS)
+    assert check_families(None, TEXTS) == ["code", "prose", "chat"] and check_families(None) == ["code"]
+    with pytest.raises(ValueError, match="temperature"):
+        eval_spec(None, None, [], [], 1, TreeSpec(3, 2, 6), temperatures=[-1.0])
+
+
+def test_old_rows_without_family_still_summarize():
+    old = [dict(context=8, doc=d, mode="m", tokens=10, mean_accepted_length=2.0 + d, tokens_per_second=1.0,
+                first_diff_vs_ar=None, acceptance_by_depth=[0.5, 0.25][: 2 - d]) for d in range(2)]
+    new = [dict(old[0], family="prose", temperature=0.0)]
+    code, prose = summarize(old + new)
+    assert (code["family"], code["temperature"], code["docs"], code["mean_accepted_length"]) == ("code", 0.0, 2, 2.5)
+    assert code["acceptance_by_depth"] == [0.5, 0.125]    # the shorter list padded with 0
+    assert code["identical_to_ar"] == 2 and code["tokens_compared"] == 20
+    assert (prose["family"], prose["docs"]) == ("prose", 1)
+
+
+def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, random_head, tmp_path):  # noqa: F811
+    words = "The quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 12
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"code": ["def f(x):\n    return x + 1\n" * 20], "chat": [words]}))
+    args = ["bench", "spec", "--device", "cpu", "--draft", random_head, "--contexts", 48, "--docs", 1,
+            "--new-tokens", 4, "--warmup", 0, "--tree-depth", 3, "--tree-topk", 2, "--tree-tokens", 6,
+            "--out", tmp_path, "--modes", "ssv strict", "--prompts", prompts, "--families", "code", "chat",
+            "--temperatures", 0, 0.7]
+    out = succeeds(args, capsys).out
+    d = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert {(s["family"], s["temperature"], s["mode"]) for s in d["summary"]} == {
+        (f, t, m) for f in ("code", "chat") for t in (0.0, 0.7) for m in ("ar", "ssv strict")}
+    assert all(r["first_diff_vs_ar"] is None for r in d["rows"])   # strict fp32 greedy: ar's; sampled: by design
+    prof = json.loads((tmp_path / "profile-cpu.json").read_text())
+    assert prof["meta"]["temperature"] == 0.0 and "code, chat" in prof["meta"]["source"]
+    assert out.splitlines()[0].split()[:3] == ["family", "context", "temp"]
+    assert any(line.split()[:3] == ["chat", "48", "0.7"] for line in out.splitlines())
+    base = args[:args.index("--prompts")]
+    fails(base + ["--prompts", prompts, "--families", "prose"], capsys, "unknown families ['prose']")
+    fails(base + ["--families", "chat"], capsys, "only 'code'")
+    fails(base + ["--prompts", tmp_path / "none.json"], capsys, "none.json")
+    fails(base + ["--temperatures", -0.5], capsys, "temperature")
