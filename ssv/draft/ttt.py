@@ -28,6 +28,13 @@ def _shift(x: torch.Tensor, s: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, s:], pad], 1)
 
 
+def _band(x: torch.Tensor, Q: int, L: int, nb: int) -> torch.Tensor:
+    """x [B, T, h, d] -> [B, nb, L + Q, h, d]: band n holds positions nQ - L .. nQ + Q - 1 (zeros
+    outside 0 .. T - 1)."""
+    xp = F.pad(x, (0, 0, 0, 0, L, nb * Q - x.shape[1]))
+    return xp.unfold(1, L + Q, Q).permute(0, 1, 4, 2, 3)
+
+
 def teacher_targets(head: Eagle3Head, teacher_logits: torch.Tensor, valid: torch.Tensor):
     """(probs over the draft vocab [B, T, Vd] fp32, their argmax [B, T], trained mask [B, T])."""
     with torch.no_grad():
@@ -58,8 +65,15 @@ def ttt_forward(head: Eagle3Head, embed_weight: torch.Tensor, feats: torch.Tenso
     probs, arg, pmask = teacher_targets(head, teacher_logits, valid)
     hidden = head.project(feats.to(head.fc.weight.dtype))
     pos = torch.arange(T, device=dev)
-    causal = pos[None, :] <= pos[:, None]                      # [t, s]: s <= t
-    keys, vals = [], []
+    # step-0 keys in bands: query block n (rows nQ .. nQ + Q - 1) sees keys nQ - L .. nQ + Q - 1, which
+    # hold every key its rows can see (the window), so scores are [.., T, L + Q] rather than [.., T, T]
+    # (Q = W, L = W for sequences longer than the window; one block, L = 0, otherwise)
+    Q = min(W, T)
+    nb = -(-T // Q)
+    Tp, L = nb * Q, min(W, (nb - 1) * Q)
+    qpos = torch.arange(Tp, device=dev).view(nb, Q, 1)
+    kpos = (torch.arange(nb, device=dev) * Q - L).view(nb, 1, 1) + torch.arange(L + Q, device=dev).view(1, 1, L + Q)
+    keys, vals, bands = [], [], None
     total, losses, accs, counts, kept = 0.0, [], [], [], []
     for k in range(steps):
         toks = _shift(tokens, k + 1)
@@ -69,17 +83,22 @@ def ttt_forward(head: Eagle3Head, embed_weight: torch.Tensor, feats: torch.Tenso
         q = q.view(B, T, hk, g, d).float()
         keys.append(kk.view(B, T, hk, d).float())
         vals.append(vv.view(B, T, hk, d).float())
+        if bands is None:
+            bands = [_band(x, Q, L, nb) for x in (keys[0], vals[0])]       # [B, nb, L + Q, hk, d]
         scale = d ** -0.5
-        s0 = torch.einsum("bthgd,bshd->bhgts", q, keys[0]) * scale
-        vis0 = causal & (pos[None, :] > pos[:, None] + k - W)
+        qb = F.pad(q, (0, 0, 0, 0, 0, 0, 0, Tp - T)).view(B, nb, Q, hk, g, d)
+        s0 = torch.einsum("bnthgd,bnshd->bhgnts", qb, bands[0]) * scale      # [B, hk, g, nb, Q, L + Q]
+        vis0 = (kpos >= 0) & (kpos <= qpos) & (kpos > qpos + k - W)
         s0 = s0.masked_fill(~vis0, float("-inf"))
         diag = [torch.einsum("bthgd,bthd->bhgt", q, keys[i]) * scale for i in range(1, k + 1)]
         diag = [s if k - i < W else torch.full_like(s, float("-inf")) for i, s in enumerate(diag, 1)]
+        diag = [F.pad(s, (0, Tp - T)).view(B, hk, g, nb, Q) for s in diag]
         scores = torch.cat([s0] + [s[..., None] for s in diag], -1)
         p = torch.softmax(scores, -1)
-        o = torch.einsum("bhgts,bshd->bthgd", p[..., :T], vals[0])
+        o = torch.einsum("bhgnts,bnshd->bnthgd", p[..., :L + Q], bands[1]).reshape(B, Tp, hk, g, d)[:, :T]
         for i in range(1, k + 1):
-            o = o + p[..., T + i - 1].permute(0, 3, 1, 2)[..., None] * vals[i][:, :, :, None, :]
+            w = p[..., L + Q + i - 1].reshape(B, hk, g, Tp)[..., :T].permute(0, 3, 1, 2)   # [B, T, hk, g]
+            o = o + w[..., None] * vals[i][:, :, :, None, :]
         out = mid.finish(o.reshape(B * T, hq * d), hidden.reshape(B * T, -1)).view(B, T, -1)
         logits = head.draft_logits(out)
         tp, ta, m = _shift(probs, k + 1), _shift(arg, k + 1), _shift(pmask, k + 1, False)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ssv.attention_device import device_plan
+from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
@@ -61,13 +62,7 @@ class DeviceEngine:
         # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
         # reads the length on the host, which a graph cannot
         self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
-        self._ring = None              # AR steps' drafter rows (taps, next token) until the next round
-        # depth-1 draft hits (top-1, top-k) and pairs over the caught-up rows (drafters that can
-        # predict rows)
-        self._agree = None
-        self._agree_k = 8
-        self._agree_read = False
-        self.pending = 0               # rows in the ring (the host's count)
+        self.ring: Optional[RowRing] = None   # AR steps' drafter rows until the next round
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
@@ -95,29 +90,11 @@ class DeviceEngine:
         else:
             nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
         cache.commit_device(self._root, self._one, kernel=self.kernels)
-        if keep_taps:   # the drafter's row of this step: (the target's feature here, the token after it)
-            feats, toks, cnt = self._ring
-            for f, t in zip(feats, taps):
-                f.index_copy_(0, cnt, t)
-            toks.index_copy_(0, cnt, nxt)
-            cnt.add_(1)
+        if keep_taps:
+            self.ring.write(taps, nxt)
         self.out[:1].fill_(1)
         self.out[1:2] = nxt
         self.tok.copy_(nxt)
-
-    def _catch_up_body(self) -> None:
-        feats, toks, cnt = self._ring
-        if self._agree is None:
-            self.drafter.commit_rows(feats, toks, cnt)
-        else:   # free acceptance evidence: did the head's drafts at row i name row i + 1's token?
-            pred = self.drafter.commit_rows(feats, toks, cnt, predict=self._agree_k)     # [R, k]
-            i = torch.arange(1, toks.numel(), device=toks.device)
-            pair = i < cnt
-            hit = pred[:-1] == toks[1:, None]
-            self._agree[0] += (hit[:, 0] & pair).sum()
-            self._agree[1] += (hit.any(-1) & pair).sum()
-            self._agree[2] += pair.sum()
-        cnt.zero_()
 
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
@@ -166,10 +143,8 @@ class DeviceEngine:
         if d is not None:
             parts += [d.dlen, d.slot_pos, d.hid_buf, d.dlogp_buf]
             parts += [t for t in (getattr(d, "k", None), getattr(d, "v", None)) if isinstance(t, torch.Tensor)]
-        if self._ring is not None:
-            parts += [*self._ring[0], self._ring[1], self._ring[2]]
-        if self._agree is not None:
-            parts.append(self._agree)
+        if self.ring is not None:
+            parts += self.ring.tensors()
         return parts
 
     def _run(self, phases) -> None:
@@ -259,8 +234,6 @@ class DeviceEngine:
         self.tok.fill_(int(token))
         self.gen.manual_seed(int(seed))
 
-    RING = 32   # AR steps' drafter rows kept before they are committed in one batch
-
     @torch.no_grad()
     def ar_step(self, params=None, keep_taps: bool = False, top_k: int = 8) -> list:
         """One AR step (greedy, or sampled with `params`); returns the emitted token (the round's one
@@ -270,23 +243,15 @@ class DeviceEngine:
         if keep_taps:
             if self.drafter is None:
                 raise ValueError("keep_taps needs a drafter")
-            if self._ring is None:
-                c, dev = self.runner.model.cfg, self.runner.device
-                dt = next(self.runner.model.parameters()).dtype
-                # a batch of rows must fit the drafter's attention window (its rows see each other)
-                n = min(self.RING, getattr(self.drafter, "window", self.RING))
-                self._ring = ([torch.zeros(n, c.hidden_size, device=dev, dtype=dt) for _ in self.drafter.taps],
-                              torch.zeros(n, dtype=torch.long, device=dev),
-                              torch.zeros(1, dtype=torch.long, device=dev))
-                if getattr(self.drafter, "vocab_ids", None) is not None and hasattr(self.drafter, "head"):
-                    self._agree = torch.zeros(3, dtype=torch.long, device=dev)
-                    self._agree_k = max(1, min(int(top_k), self.drafter.vocab_ids.numel()))
-            if self.pending == self._ring[1].numel():
+            if self.ring is None:
+                self.ring = RowRing(self.runner, self.drafter, top_k)
+            if self.ring.full:
                 self.catch_up()
         if _pkey(params) is not None:
             torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
         self._run([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))])
-        self.pending += keep_taps
+        if keep_taps:
+            self.ring.pending += 1
         tok = int(self.out[1])
         self._collect_times()
         self.runner.cache.advance_host(1)
@@ -295,22 +260,14 @@ class DeviceEngine:
     @torch.no_grad()
     def catch_up(self) -> None:
         """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
-        if not self.pending:
+        if self.ring is None or not self.ring.pending:
             return
-        self._run([(("catch-up",), self._catch_up_body)])
-        self.drafter.advance_host(self.pending)
-        self._agree_read = self._agree is not None
-        self.pending = 0
+        self._run([(("catch-up",), self.ring.commit_body)])
+        self.ring.committed()
 
     def take_agreement(self):
-        """(top-1 hits, top-k hits, pairs) of the depth-1 drafts of the rows caught up since the last
-        call, or None when no catch-up ran (a device-to-host read only then)."""
-        if not self._agree_read:
-            return None
-        self._agree_read = False
-        got = tuple(self._agree.tolist())
-        self._agree.zero_()
-        return got
+        """The head's depth-1 hits over the rows caught up since the last call (`RowRing`), or None."""
+        return None if self.ring is None or self.ring.agree is None else self.ring.take_agreement()
 
     @torch.no_grad()
     def spec_round(self, opts, params=None) -> list:

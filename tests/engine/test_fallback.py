@@ -160,7 +160,7 @@ def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
     eng = DeviceEngine(r, d)
     eng.start(5)
     toks = [5] + [eng.ar_step(keep_taps=True)[0] for _ in range(13)]
-    ring = eng._ring[1].clone()
+    ring = eng.ring.toks.clone()
 
     def planted(taps, tokens, n, predict=0):
         nxt = torch.roll(tokens, -1)
