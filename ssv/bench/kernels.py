@@ -89,43 +89,28 @@ def unique_bytes(idx, pos, P, n, cfg, d, elt):
     return toks * d * 2 * elt
 
 
-def tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx=False, row_splits=1, window_group=0, window_row_splits=1):
+def tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx=False, row_splits=1):
     """K/V bytes the verify kernel's programs load (from L2 or HBM), as its work lists say: per
     (group of C queries, KV head), each tile once -- the union of the group's selected blocks below
     its window region (approximate: the first query's), the window region's tiles, the tree's
-    tiles -- times the row splits. With a window pass (window_group) the union stops below the
-    step's window region, which the window groups read with the tree. Against `unique_bytes`: how
-    often a tile is read again."""
+    tiles -- times the row splits. Against `unique_bytes`: how often a tile is read again."""
     bs = cfg.slc_block
-
-    def lim_of(members):
-        return max(min(int(pos[i]) for i in members) - cfg.window + 1, 0) // bs
-
-    def window_tiles(lim):
-        return max(-(-(P - lim * bs) // bs), 0) + -(-n // bs)
-    step_lim = lim_of(range(n))
     tiles = 0
     for g0 in range(0, n, C):
         members = range(g0, min(n, g0 + C))
-        lim = step_lim if window_group else lim_of(members)
+        lim = max(min(int(pos[i]) for i in members) - cfg.window + 1, 0) // bs
+        window_tiles = max(-(-(P - lim * bs) // bs), 0) + -(-n // bs)
         for h in range(idx.shape[1]):
             u = {b for i in (members[:1] if approx else members) for b in idx[i, h].tolist() if 0 <= b < lim}
-            tiles += (len(u) + (0 if window_group else window_tiles(lim))) * row_splits
-    if window_group:
-        tiles += -(-n // window_group) * idx.shape[1] * window_tiles(step_lim) * window_row_splits
+            tiles += (len(u) + window_tiles) * row_splits
     return tiles * bs * d * 2 * elt
 
 
-def work_list_bytes(idx, pos, P, n, cfg, hq, d, elt, C, approx=False, window_group=None):
-    """`tile_bytes` of the launch `nsa_verify` makes for group size C: its default window group
-    unless one is named (0: none), its row splits."""
-    from ssv.ops.nsa.verify import default_window_group, tile_rows
-    g = hq // idx.shape[1]
-    wg = default_window_group(C, approx) if window_group is None else window_group
-
-    def splits(rows):
-        return -(-rows // tile_rows(rows))
-    return tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx, splits(C * g), wg, splits(wg * g))
+def work_list_bytes(idx, pos, P, n, cfg, hq, d, elt, C, approx=False):
+    """`tile_bytes` of the launch `nsa_verify` makes for group size C, its row splits included."""
+    from ssv.ops.nsa.verify import tile_rows
+    rows = C * (hq // idx.shape[1])
+    return tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx, -(-rows // tile_rows(rows)))
 
 
 def overlap_of(idx):
@@ -171,7 +156,7 @@ def copy_bandwidth() -> float:
 def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=()):
     from ssv.ops.nsa.naive import num_cmp_blocks
     from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
-    from ssv.ops.nsa.verify import nsa_verify
+    from ssv.ops.nsa.verify import nsa_verify, num_counters
 
     hq, hkv, d = SHAPES[shape]
     dev = "cuda"
@@ -192,18 +177,18 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     w, s0, npath = path_block_weights(T, pos, tmask, cfg)
     max_pos = int(pos.max())
     out = torch.empty_like(q)
-    cnt = torch.zeros(N * hkv, device=dev, dtype=torch.int32)  # the plan's counters (folded merges), zeroed once
+    cnt = torch.zeros(num_counters(N, hq, hkv), device=dev, dtype=torch.int32)  # folded merges' counters, zeroed once
     it = [0]
 
     def nxt():
         it[0] = (it[0] + 1) % n_layers
         return it[0]
 
-    def verify(C, approx, n_split=None, tune=None, **kw):
+    def verify(C, approx, n_split=None, **kw):
         def f():
             i = nxt()
             nsa_verify(q, k[i], v[i], T, pos, tm8, idx, cfg.slc_block, cfg.window, group_size=C,
-                       approx=approx, out=out, n_split=n_split, tune=tune, counters=cnt, **kw)
+                       approx=approx, out=out, n_split=n_split, counters=cnt, **kw)
         return f
 
     def route():
@@ -220,56 +205,26 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
                          unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9,
                          loaded_bytes=loads, loaded_tbps=None if ms is None or loads is None else loads / ms / 1e9))
 
-    def loads(C, approx=False, window_group=None):  # what the programs read (from L2 or HBM)
-        return work_list_bytes(idx.cpu(), pos.cpu(), T, N, cfg, hq, d, elt, C, approx, window_group)
+    def loads(C, approx=False):  # what the programs read (from L2 or HBM)
+        return work_list_bytes(idx.cpu(), pos.cpu(), T, N, cfg, hq, d, elt, C, approx)
 
-    add("naive (C=1)", 1, verify(1, False), loads=loads(1, window_group=0))
-    # the baseline at its best: flash-decoding KV splits help the per-query kernel too, and so
-    # does the key split (one warp per 16 keys of a tile) where it is not the default
-    add("naive (C=1), 2 KV splits", 1, verify(1, False, 2), loads=loads(1, window_group=0))
-    add("naive (C=1), key split", 1, verify(1, False, lazy=True, key_split=True), optional=True,
-        loads=loads(1, window_group=0))
+    add("naive (C=1)", 1, verify(1, False), loads=loads(1))
+    # the baseline at its best: flash-decoding KV splits help the per-query kernel too
+    add("naive (C=1), 2 KV splits", 1, verify(1, False, 2), loads=loads(1))
     for C in (2, 4, 8, 16):
         add("ssv exact", C, verify(C, False), loads=loads(C))
     for C in (4, 16):
         add("ssv approx", C, verify(C, True), loads=loads(C, True))
-    # v5's default launch (a combine kernel after the KV splits, no folded merge), and this
-    # version's opt-in options beside the default
-    v5 = dict(lazy=True, key_split=False, fold=False, window_group=0)
-    add("ssv exact, v5 launch", 4, verify(4, False, **v5), loads=loads(4, window_group=0))
-    add("ssv exact, key split", 4, verify(4, False, key_split=True), optional=True, loads=loads(4, window_group=0))
-    add("ssv exact, window pass 16", 4, verify(4, False, window_group=16), optional=True,
-        loads=loads(4, window_group=16))
+    # v5's default launch (a combine kernel after the KV splits, no folded merge) beside the default
+    add("ssv exact, v5 launch", 4, verify(4, False, lazy=True, fold=False), loads=loads(4))
     # the softmax the default does not use: online for exact mode (both sides), lazy for approximate
     add("naive (C=1), online softmax", 1, verify(1, False, lazy=False))
     add("ssv exact, online softmax", 4, verify(4, False, lazy=False), loads=loads(4))
     add("ssv approx, lazy softmax", 16, verify(16, True, lazy=True), optional=True)
-    # block-major selected branch (each block once per head, only its selecting rows), opt-in until
-    # timed; C is the window pass's group
-    for C in (4, 16):
-        add("ssv exact, block-major", C, verify(C, False, block_major=True), optional=True)
-    add("ssv exact, block-major, online softmax", 4, verify(4, False, block_major=True, lazy=False),
-        optional=True)
-    # the plan alone, and a layer that reuses a refresh layer's plan (what block-major costs there)
-    from ssv.ops.nsa.verify_bm import block_major_plan
-
-    def bm_plan():
-        return block_major_plan(idx, pos, T, cfg.window, cfg.slc_block, hq // hkv)
-    add("block-major plan (per refresh layer)", 0, bm_plan, nbytes=idx.numel() * 4, optional=True)
-    plan = [None]
-
-    def bm_reused():
-        plan[0] = plan[0] or bm_plan()  # built on the first (warm-up) call, outside the timed replays
-        verify(4, False, block_major=True, bm_plan=plan[0])()
-    add("ssv exact, block-major, plan reused", 4, bm_reused, optional=True)
     for C, S in split_sweep:
         add(f"ssv exact, {S} KV splits", C, verify(C, False, S))
         if C == 1:
             rows[-1]["method"] = f"naive (C=1), {S} KV splits"
-    if split_sweep:  # what autotuning the launch would buy over the fixed table, both sides
-        add("naive (C=1), autotuned", 1, verify(1, False, tune=True))
-        for C in (4, 16):
-            add("ssv exact, autotuned", C, verify(C, False, tune=True))
     add("ssv routing", 0, route, nb * hkv * d * elt + N * hq * d * elt)
 
     # dense attention over the same tree (SDPA; GQA without materialising repeated K/V)
@@ -362,7 +317,6 @@ def merge_results(paths):
         e = dict(d["env"])
         runs += e.pop("earlier_runs", []) + [{k: e[k] for k in ("date", "copy_tbps", "device") if k in e}]
     env["runs"] = runs
-    env["tuned_configs"] = {k: v for d in docs for k, v in d["env"].get("tuned_configs", {}).items()}
     return {"env": env, "nsa": docs[0].get("nsa"), "overlap": docs[0].get("overlap"),
             "rows": [r for d in docs for r in d["rows"]]}
 
@@ -388,15 +342,13 @@ TRACE_ROWS = (  # method, C, approx, nsa_verify flags beyond the defaults
     ("ssv approx", 4, True, {}), ("ssv approx", 16, True, {}),
     ("naive (C=1), online softmax", 1, False, dict(lazy=False)),
     ("ssv exact, online softmax", 4, False, dict(lazy=False)),
-    ("ssv exact, block-major", 4, False, dict(block_major=True)),
-    ("ssv exact, v5 launch", 4, False, dict(lazy=True, key_split=False, fold=False, window_group=0)),
+    ("ssv exact, v5 launch", 4, False, dict(lazy=True, fold=False)),
 )
-TRACE_OPTIONAL = ("block_major", "key_split", "window_group")  # opt-in paths: a failure is a row, not a stop
 
 
 def run_traces(path):
     """Kernel rows on real selections (default model shape): naive vs SSV exact/approx per recorded step."""
-    from ssv.ops.nsa.verify import nsa_verify
+    from ssv.ops.nsa.verify import nsa_verify, num_counters
     cfg = NSAConfig()
     hq, hkv, d = SHAPES["smollm2-135m"]
     overlap, picks = trace_rounds(path, layers={0, 10, 20, 29})
@@ -409,7 +361,7 @@ def run_traces(path):
         v = torch.randn_like(k)
         q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
         it = [0]
-        cnt = torch.zeros(n * hkv, device="cuda", dtype=torch.int32)
+        cnt = torch.zeros(num_counters(n, hq, hkv), device="cuda", dtype=torch.int32)
 
         def verify(C, approx, **kw):
             def f():
@@ -421,7 +373,7 @@ def run_traces(path):
         ov = overlap_of(r["block_indices"])
         case = []
         for method, C, approx, kw in TRACE_ROWS:
-            ms, how = timed(verify(C, approx, **kw), any(o in kw for o in TRACE_OPTIONAL), f"layer {r['layer']} {method} C={C}")
+            ms, how = timed(verify(C, approx, **kw), False, f"layer {r['layer']} {method} C={C}")
             case.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
                              method=method, C=C, ms=ms, timing=how, unique_bytes=ub,
                              tbps=None if ms is None else ub / ms / 1e9, overlap=ov))
@@ -474,8 +426,7 @@ def add_args(p):
     p.add_argument("--out", default="bench/results", help="folder for kernels.json and kernels.png")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-sweep", action="store_true",
-                   help="also time exact C in {1, 4, 16} with 2..16 KV splits forced (tuning the split heuristic) "
-                        "and autotuned launches")
+                   help="also time exact C in {1, 4, 16} with 2..16 KV splits forced (tuning the split heuristic)")
     p.add_argument("--traces-only", action="store_true", help="only the real-routing rows (needs --traces)")
     p.add_argument("--reps", type=int, default=30, help="milliseconds of graph replays per timing")
     p.add_argument("--resume", action="store_true",
@@ -524,8 +475,6 @@ def cmd_bench_kernels(args) -> int:
             with open(os.path.join(args.out, "kernels.json"), "w") as f:
                 json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
     if rows:
-        from ssv.ops.nsa.verify import nsa_verify_fwd_tuned
-        env["tuned_configs"] = {str(k): str(v) for k, v in nsa_verify_fwd_tuned.cache.items()}
         with open(os.path.join(args.out, "kernels.json"), "w") as f:
             json.dump({"env": env, "nsa": cfg.__dict__, "overlap": args.overlap, "rows": rows}, f, indent=1)
         print_table(rows, env)
