@@ -120,6 +120,13 @@ def _engine(args, runner, drafter=None):
     return DeviceEngine(runner, drafter, graphs=args.device == "cuda" and not args.eager)
 
 
+# The default trees (depth, top-k, nodes). On the 2-core CPU a 48-node verify pass costs ~5 AR steps
+# of the NSA reference, a 16-node one ~2.5: the small tree was 1.6-1.8x the tokens/s of the large one
+# at 1K (bench/results/spec-cpu-family.json), so `--mode ssv` on the CPU (its profile) drafts it.
+GPU_TREE = (6, 8, 48)
+CPU_TREE = (4, 4, 16)
+
+
 def _spec_setup(args, model):
     """The drafter and the verification options of --mode sd-naive / ssv."""
     from ssv.attention import VerifyOptions
@@ -127,7 +134,9 @@ def _spec_setup(args, model):
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
-    tree = TreeSpec(depth=args.tree_depth, top_k=args.tree_topk, total_tokens=args.tree_tokens)
+    shape = CPU_TREE if args.device == "cpu" and args.mode == "ssv" else GPU_TREE
+    given = (args.tree_depth, args.tree_topk, args.tree_tokens)
+    tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
     else:
@@ -200,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the host-driven round (tree, acceptance and commits on the CPU) instead of the device one")
     sd = g.add_argument_group("speculative decoding (--mode sd-naive | ssv)")
     sd.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
-    sd.add_argument("--tree-depth", type=int, default=6)
-    sd.add_argument("--tree-topk", type=int, default=8)
-    sd.add_argument("--tree-tokens", type=int, default=48, help="nodes verified per round, root included")
+    sd.add_argument("--tree-depth", type=int, help="default 6 (--mode ssv on the CPU: 4, its measured profile)")
+    sd.add_argument("--tree-topk", type=int, help="default 8 (--mode ssv on the CPU: 4)")
+    sd.add_argument("--tree-tokens", type=int, help="nodes verified per round, root included; default 48 "
+                    "(--mode ssv on the CPU: 16)")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")

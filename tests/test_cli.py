@@ -437,3 +437,18 @@ def test_shipped_head_speculates_losslessly(capsys, fast_default):
     out = json.loads(succeeds(base + ["--mode", "ssv", "--tree-tokens", 24], capsys)[0])
     assert out["token_ids"] == ar["token_ids"]
     assert out["stats"]["mean_accepted_length"] > 1.3  # a trained head, not a random one
+
+
+def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_head):
+    """--mode ssv on the CPU drafts the small tree of its measured profile (depth 4); sd-naive and
+    explicit tree options keep theirs; output stays that of ar."""
+    base = ["generate", "--prompt", "Name a fruit.", "--json", "--max-new-tokens", 6, "--draft", random_head]
+    ar = json.loads(succeeds(base, capsys)[0])
+    depth = {}
+    for name, extra in (("ssv", ["--mode", "ssv", "--no-fallback"]), ("sd-naive", ["--mode", "sd-naive"]),
+                        ("explicit", ["--mode", "ssv", "--no-fallback", "--tree-depth", 3, "--tree-topk", 2,
+                                      "--tree-tokens", 6])):
+        out = json.loads(succeeds(base + extra, capsys)[0])
+        assert out["token_ids"] == ar["token_ids"]
+        depth[name] = len(out["stats"]["acceptance_by_depth"])
+    assert depth == {"ssv": 4, "sd-naive": 6, "explicit": 3}
