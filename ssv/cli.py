@@ -121,7 +121,7 @@ def _engine(args, runner, drafter=None):
 
 
 # The default trees (depth, top-k, nodes). On the 2-core CPU a 48-node verify pass costs ~5 AR steps
-# of the NSA reference, a 16-node one ~2.5: the small tree was 1.6-1.8x the tokens/s of the large one
+# of the NSA reference, a 16-node one ~2.5: the small tree was 1.8-2.1x the tokens/s of the large one
 # at 1K (bench/results/spec-cpu-family.json), so `--mode ssv` on the CPU (its profile) drafts it.
 GPU_TREE = (6, 8, 48)
 CPU_TREE = (4, 4, 16)
