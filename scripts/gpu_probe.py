@@ -58,41 +58,18 @@ VARIANTS = [  # name, C, approx, n_split (None: heuristic), num_warps, num_stage
     ("exact4 lazy split3", 4, False, 3, 4, 3, dict(lazy=True)),
     ("exact8 lazy", 8, False, None, 4, 3, dict(lazy=True)),
     ("approx16 lazy", 16, True, None, 4, 3, dict(lazy=True)),
-    ("exact4 block-major", 4, False, None, 4, 3, dict(block_major=True)),
-    ("exact16 block-major", 16, False, None, 8, 3, dict(block_major=True)),
-    ("exact4 block-major lazy", 4, False, None, 4, 3, dict(block_major=True, lazy=True)),
-    ("exact4 block-major plan reused", 4, False, None, 4, 3, dict(block_major=True, bm_plan="reuse")),
-    ("block-major plan only", 4, False, None, 4, 3, dict(block_major=True, bm_plan="only")),
-    # the key split (one warp per 16 keys of a tile) and the folded split merge (no second launch)
-    ("naive lazy kw", 1, False, 1, 4, 3, dict(lazy=True, key_split=True)),
-    ("naive lazy kw split2 fold", 1, False, 2, 4, 3, dict(lazy=True, key_split=True, fold=True)),
-    ("exact4 lazy kw", 4, False, 2, 4, 3, dict(lazy=True, key_split=True)),
-    ("exact4 lazy kw split3", 4, False, 3, 4, 3, dict(lazy=True, key_split=True)),
-    ("exact4 lazy kw s2", 4, False, 2, 4, 2, dict(lazy=True, key_split=True)),
-    ("exact4 lazy kw s4", 4, False, 2, 4, 4, dict(lazy=True, key_split=True)),
+    # the folded split merge (no second launch)
     ("exact4 lazy fold", 4, False, 2, 4, 3, dict(lazy=True, fold=True)),
     ("exact4 lazy fold split3", 4, False, 3, 4, 3, dict(lazy=True, fold=True)),
     ("exact4 lazy fold split4", 4, False, 4, 4, 3, dict(lazy=True, fold=True)),
-    ("exact4 lazy kw fold", 4, False, 2, 4, 3, dict(lazy=True, key_split=True, fold=True)),
-    ("exact4 lazy kw fold split3", 4, False, 3, 4, 3, dict(lazy=True, key_split=True, fold=True)),
-    ("exact4 lazy kw fold split4", 4, False, 4, 4, 3, dict(lazy=True, key_split=True, fold=True)),
     ("exact8 lazy fold", 8, False, None, 4, 3, dict(lazy=True, fold=True)),
     ("exact16 lazy fold s8 w8", 16, False, 8, 8, 3, dict(lazy=True, fold=True)),
     ("approx4 fold", 4, True, None, 4, 3, dict(fold=True)),
-    ("approx4 lazy kw", 4, True, None, 4, 3, dict(lazy=True, key_split=True)),
-    ("approx4 lazy kw fold", 4, True, None, 4, 3, dict(lazy=True, key_split=True, fold=True)),
-    # the window pass (two launches: unions below the step's window region, then the region in
-    # groups of 8 / 16); both at the default launch table and split heuristic (None)
+    # at the default launch table and split heuristic (None)
     ("exact4 lazy defaults", 4, False, None, None, None, dict(lazy=True)),
     ("naive defaults", 1, False, None, None, None, {}),
     ("exact4 defaults", 4, False, None, None, None, {}),
     ("approx4 defaults", 4, True, None, None, None, {}),
-    ("exact4 lazy wg16", 4, False, None, None, None, dict(lazy=True, window_group=16)),
-    ("exact4 lazy wg8", 4, False, None, None, None, dict(lazy=True, window_group=8)),
-    ("exact4 lazy kw wg16", 4, False, None, None, None, dict(lazy=True, key_split=True, window_group=16)),
-    ("exact4 online wg16", 4, False, None, None, None, dict(lazy=False, window_group=16)),
-    ("exact2 lazy wg16", 2, False, None, None, None, dict(lazy=True, window_group=16)),
-    ("exact8 lazy wg16", 8, False, None, None, None, dict(lazy=True, window_group=16)),
     ("exact8 lazy split4", 8, False, 4, 4, 3, dict(lazy=True)),
     ("approx4", 4, True, None, 4, 3, {}),
     ("approx16", 16, True, None, 4, 3, {}),
@@ -106,42 +83,32 @@ def launcher(c, C, approx, n_split, warps, stages, extra):
     # variant names say "lazy" and "fold" where they are on, whatever the defaults; "defaults" variants
     # (no warps given) take the defaults
     extra = {**({} if warps is None else {"lazy": False, "fold": False}), **extra}
-    if extra.get("bm_plan") in ("reuse", "only"):  # a refresh layer's plan, built once here
-        from ssv.ops.nsa.verify_bm import block_major_plan
-        g = c["q"].shape[1] // c["k"].shape[0]
-
-        def plan():
-            return block_major_plan(c["idx"], c["pos"], c["T"], c["cfg"].window, c["cfg"].slc_block, g)
-        if extra["bm_plan"] == "only":  # the plan alone: nothing to check (`out` unwritten)
-            return plan, None
-        extra = {**extra, "bm_plan": plan()}
-
     q = c["q"]  # the plan's counters for folded merges, zeroed once (a zeroing per call would be timed)
-    extra = {**extra, "counters": torch.zeros(V.num_counters(q.shape[0], q.shape[1], c["k"].shape[0], 1),
+    extra = {**extra, "counters": torch.zeros(V.num_counters(q.shape[0], q.shape[1], c["k"].shape[0], C),
                                               device=q.device, dtype=torch.int32)}
 
     launch = None if warps is None else dict(num_warps=warps, num_stages=stages)  # None: the default table
 
     def f():
         V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
-                     c["cfg"].window, group_size=C, approx=approx, out=out, n_split=n_split, tune=False,
-                     launch=launch, **extra)
+                     c["cfg"].window, group_size=C, approx=approx, out=out, n_split=n_split, launch=launch,
+                     **extra)
     return f, out
 
 
-def loaded(c, C, approx, window_group=0):
+def loaded(c, C, approx):
     """K/V bytes the variant's programs load (its work lists; `tile_bytes`), row splits included."""
     n, hq, d = c["q"].shape
     return work_list_bytes(c["idx"].cpu(), c["pos"].cpu(), c["T"], n, c["cfg"], hq, d, c["k"].element_size(), C,
-                           approx, window_group)
+                           approx)
 
 
 def check(c, fn, C, approx):
     """Relative error of one variant against the per-query launch with pointer loads."""
     import ssv.ops.nsa.verify as V
     ref = V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block,
-                       c["cfg"].window, group_size=C if approx else 1, approx=approx, tune=False,
-                       tma=False, lazy=False, key_split=False, fold=False, window_group=0)[0].float()
+                       c["cfg"].window, group_size=C if approx else 1, approx=approx, tma=False, lazy=False,
+                       fold=False)[0].float()
     fn()
     got = fn.out.float()
     return ((got - ref).norm() / ref.norm()).item()
@@ -170,12 +137,11 @@ def main(mode: str) -> int:
             continue
         f.out = out
 
-        C, approx, n_split = cfg[0], cfg[1], cfg[2]
-        bm_var = cfg[-1].get("block_major")
-        lb = None if bm_var else loaded(c, C, approx, cfg[-1].get("window_group", 0))
+        C, approx = cfg[0], cfg[1]
+        lb = loaded(c, C, approx)
 
-        def err():  # after a timing or a smoke run; the plan-only variant writes no output
-            return "" if out is None else f"  rel.err vs per-query {check(c, f, cfg[0], cfg[1]):.1e}"
+        def err():  # after a timing or a smoke run
+            return f"  rel.err vs per-query {check(c, f, C, approx):.1e}"
         if mode == "cpu":  # a smoke run of the variants' arguments under TRITON_INTERPRET=1
             f()
             print(f"{name:20s} ran{err()}", flush=True)
@@ -184,7 +150,7 @@ def main(mode: str) -> int:
             torch.cuda.synchronize()
         else:
             ms, how = bench_graph(f, reps=50)
-            tiles = "" if lb is None else f"  loaded {lb / 1e6:6.1f} MB, {lb / ms / 1e9:4.2f} TB/s"
+            tiles = f"  loaded {lb / 1e6:6.1f} MB, {lb / ms / 1e9:4.2f} TB/s"
             print(f"{name:20s} {ms * 1e3:8.1f} us ({how}){tiles}{err()}", flush=True)
     return 0
 

@@ -8,8 +8,6 @@ usage: python scripts/inspect_verify_ttgir.py          (TTGIR summary, one line 
        python scripts/inspect_verify_ttgir.py --sass   (registers, stack, and the SASS of the main loop:
                                                         instructions per warp per iteration, barriers;
                                                         with the ptxas/nvdisasm/cuobjdump Triton ships)
-       python scripts/inspect_verify_ttgir.py --plan-scaling   (the block-major plan kernel's code size
-                                                        by tree size)
 """
 import os
 import re
@@ -24,48 +22,25 @@ from triton.compiler import ASTSource
 
 from ssv.ops.nsa.verify import nsa_verify_fwd_kernel
 
-INTS = ("N", "P", "W", "NSPLIT", "NU", "PB", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
+INTS = ("N", "W", "NSPLIT", "s_qn", "s_qh", "s_kh", "s_kt", "s_bn", "s_bh", "s_tn", "HQ")
 PTRS = dict(q="*bf16", k="*bf16", v="*bf16", pos="*i64", tmask="*u8", blk="*i32", gates="*fp32", o_cmp="*fp32",
             o="*bf16", lse_a="*fp32", lse_b="*fp32", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", items="*i32",
-            plse="*fp32", po="*bf16", cnt="*i32")
+            cnt="*i32", plen="*i32")
 
 
-def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False, bm=False, kw=1,
-                   gated=False, fold=False, part=0):
+def compile_verify(C, rows, warps, stages=3, G=4, D=128, approx=False, tma=True, lazy=False, gated=False,
+                   fold=False):
     desc = f"tensordesc<bf16[1,64,{D}]>" if tma else "*bf16"
     sig = dict(PTRS, k_desc=desc, v_desc=desc, scale="fp32", **{n: "i32" for n in INTS})
     order = list(nsa_verify_fwd_kernel.arg_names)
     sig = {n: sig.get(n, "constexpr") for n in order}
     cq = 1 if approx else C
     const = dict(G=G, C=C, CQ=cq, CE=cq * 16, BM=rows, D=D, BS=64, NSEL=16, NSELP=16, BT=64, NWP=16, NTB=4, GATED=gated,
-                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy, BMERGE=bm, NP=64, KW=kw, FOLD=fold, PART=part)
-    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n not in ("NSPLIT", "NU", "PB")]]
+                 APPROX=approx, SPLIT=True, TMA=tma, LAZY=lazy, FOLD=fold)
+    div = [order.index(n) for n in list(PTRS) + [n for n in INTS if n != "NSPLIT"]]
     src = ASTSource(fn=nsa_verify_fwd_kernel, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in div})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-
-
-def compile_block_major(G=4, D=128, NP=64, plan_warps=8):
-    """The block-major plan and item kernels at the Llama 64K / 64-query shape, for sm_90."""
-    from ssv.ops.nsa.verify_bm import nsa_bm_plan_fwd_kernel, nsa_bm_sel_fwd_kernel
-
-    def comp(fn, types, const, warps=4):
-        order = list(fn.arg_names)
-        sig = {n: types.get(n, "constexpr") for n in order}
-        div = [order.index(n) for n, t in types.items() if t.startswith("*")]
-        src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in const.items()},
-                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-    i32 = {n: "*i32" for n in ("keys", "it_start", "n_items")}
-    plan = comp(nsa_bm_plan_fwd_kernel, dict(i32, blk="*i32", pos="*i64", N="i32", W="i32", s_bn="i32", s_bh="i32"),
-                dict(NP=NP, NSEL=16, NSELP=16, BS=64, QC=16 // G), plan_warps)
-    desc = f"tensordesc<bf16[1,64,{D}]>"
-    sel = comp(nsa_bm_sel_fwd_kernel, dict(i32, q="*bf16", k="*bf16", v="*bf16", k_desc=desc, v_desc=desc,
-                                           plse="*fp32", po="*bf16",
-                                           P="i32", scale="fp32", s_qn="i32", s_qh="i32", s_kh="i32",
-                                           s_kt="i32", HQ="i32"),
-               dict(G=G, QC=16 // G, RB=16, D=D, BS=64, E=NP * 16, NSELP=16, TMA=True))
-    return plan, sel
 
 
 def main_loop(ttgir: str) -> str:
@@ -110,32 +85,13 @@ def sass_summary(cc) -> str:
     return f"registers {reg}, stack {stack} B, main loop {b - a + 1} instructions ({top}; BAR {ops['BAR']})"
 
 
-def plan_scaling() -> None:
-    """The plan kernel's code by tree size. Since 8e46206 it sorts the N x n selection keys; the
-    histogram it replaced unrolled per bin and grew with the context: 1,487 PTX lines at 8K, 4,117 at
-    64K, 7,209 at 128K (64 queries; 32 / 512 / 1,024 popc; bench/results/plan-scaling.txt)."""
-    for np_ in (4, 16, 64, 128):
-        plan = compile_block_major(NP=np_)[0]
-        ptx = plan.asm["ptx"]
-        count = {k: len(re.findall(rf"\b{k}\.", ptx)) for k in ("atom", "popc", "vote", "bar", "shfl")}
-        print(f"plan kernel N={np_:3d} (any context): {ptx.count(chr(10))} PTX lines, "
-              + ", ".join(f"{k} {v}" for k, v in count.items()) + f"; {sass_summary(plan)}")
-
-
 def main() -> int:
-    if "--plan-scaling" in sys.argv:
-        plan_scaling()
-        return 0
     if "--sass" in sys.argv:
         for C, rows, warps, stages in ((1, 16, 4, 3), (4, 16, 4, 3), (8, 32, 4, 3), (16, 64, 8, 3)):
-            for tma, lazy, bm in ((True, False, False), (False, False, False), (True, True, False),
-                                  (True, False, True)):
-                cc = compile_verify(C, rows, warps, stages, tma=tma, lazy=lazy, bm=bm)
-                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s} lazy={lazy!s:5s} "
-                      f"block-major window pass={bm!s:5s}: {sass_summary(cc)}")
-        plan, sel = compile_block_major()
-        print(f"block-major plan kernel: {sass_summary(plan)}")
-        print(f"block-major item kernel (16 rows): {sass_summary(sel)}")
+            for tma, lazy in ((True, False), (False, False), (True, True)):
+                cc = compile_verify(C, rows, warps, stages, tma=tma, lazy=lazy)
+                print(f"C={C:2d} rows={rows} warps={warps} stages={stages} tma={tma!s:5s} lazy={lazy!s:5s}: "
+                      f"{sass_summary(cc)}")
         return 0
     for C, rows, warps in ((1, 16, 4), (4, 16, 4), (16, 64, 4), (16, 64, 8)):
         cc = compile_verify(C, rows, warps)

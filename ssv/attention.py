@@ -149,7 +149,7 @@ class TritonNSAPlan(_HostSlots):
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
         from ssv.ops.nsa.naive import num_cmp_blocks
         from ssv.ops.nsa.route import nsa_route, path_blocks
-        from ssv.ops.nsa.verify import nsa_verify
+        from ssv.ops.nsa.verify import nsa_verify, num_counters
         m, cfg, opts = self.meta, self.cfg, self.opts
         k, v = cache.k[layer], cache.v[layer]
         gated = cfg.gating == "gated"
@@ -167,7 +167,8 @@ class TritonNSAPlan(_HostSlots):
                 if self.record is not None:
                     self.record.append(_record(layer, m, idx))
         if self._counters is None:  # a folded merge's counters: zeroed once, left zero by every layer
-            self._counters = torch.zeros(m.n * k.shape[0], device=q.device, dtype=torch.int32)
+            self._counters = torch.zeros(num_counters(m.n, q.shape[1], k.shape[0], opts.group_size),
+                                         device=q.device, dtype=torch.int32)
         o, _, _ = nsa_verify(q, k, v, m.prefix_len, m.positions, self.tmask, self._indices, cfg.slc_block,
                              cfg.window, opts.group_size, opts.precision == "approx", gates, o_cmp,
                              counters=self._counters)

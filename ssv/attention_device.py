@@ -75,7 +75,8 @@ class KernelNSAPlan(_DevicePlanBase):
         # folded merges' counters (zero, left zero by every launch)
         self._kp = torch.zeros(n, hkv, nbp, d, device=dev, dtype=torch.float32)
         self._vp = torch.zeros_like(self._kp)
-        self._counters = torch.zeros(num_counters(n, n_heads, hkv, 1), device=dev, dtype=torch.int32)
+        self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.opts.group_size), device=dev,
+                                     dtype=torch.int32)
         self._meta = None
 
     def _plan(self) -> None:
@@ -114,22 +115,22 @@ class KernelDensePlan(_DevicePlanBase):
     """Dense attention on the verify kernel: a window spanning the whole cache and no selected blocks is
     exact dense attention over the prefix (flash-decoding tiles, KV splits, log-sum-exp merge) plus
     the tree part under its ancestor mask."""
+    group_size = 16  # every query sees the whole prefix: groups of 16 read each tile once for 16 queries
 
     def __init__(self, n: int, cache: KVCache, n_heads: int, block: int = 64):
         from ssv.ops.nsa.verify import num_counters
         hkv, dev = cache.k.shape[1], cache.k.device
         self.block, self.window = block, cache.k.shape[2]
         self._none = torch.full((n, hkv, 1), -1, device=dev, dtype=torch.int32)
-        self._counters = torch.zeros(num_counters(n, n_heads, hkv, 1), device=dev, dtype=torch.int32)
+        self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.group_size), device=dev, dtype=torch.int32)
 
     def _plan(self) -> None:
         self.tmask = self.tree_mask.to(torch.uint8)
 
     def run(self, layer, q, cache, gates=None):
         from ssv.ops.nsa.verify import nsa_verify
-        # every query sees the whole prefix: groups of 16 read each tile once for 16 queries
         o, _, _ = nsa_verify(q, cache.k[layer], cache.v[layer], self.plen, self.positions, self.tmask, self._none,
-                             self.block, self.window, group_size=16, counters=self._counters)
+                             self.block, self.window, group_size=self.group_size, counters=self._counters)
         return o
 
 

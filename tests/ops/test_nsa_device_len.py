@@ -80,10 +80,3 @@ def test_dense_attention_on_the_verify_kernel(case):
                          out=torch.full_like(q, float("nan")).to(DEV))
     assert rel_err(o, want) < tol(dtype)
 
-
-def test_device_length_refuses_host_only_options():
-    q, k, v, pos, mask = _case(0, 40, 3, 1, 2, 16, DTYPES[0])
-    idx = torch.zeros(3, 1, 4, dtype=torch.int32, device=DEV)
-    plen = torch.tensor([40], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match="device-resident prefix length"):
-        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, 16, 20, block_major=True)

@@ -69,31 +69,37 @@ VERIFY_CASES = [
     (5, 259, 33, 1, 16, 16, 4, True, dict(n_select=6)),
     (6, 0, 20, 2, 2, 16, 8, False, {}),
     (7, 97, 16, 2, 5, 64, 16, False, dict(forced_first=False, forced_local=1)),
+    # selection blocks of 64 and 32 keys (the default model's are 64)
+    (8, 700, 9, 2, 4, 32, 4, False, dict(cmp_block=16, cmp_stride=8, slc_block=64, window=64)),
+    (9, 900, 17, 1, 4, 16, 4, True, dict(cmp_block=16, cmp_stride=8, slc_block=64, window=64, n_select=6)),
+    (10, 333, 11, 2, 2, 16, 8, False, dict(cmp_block=16, cmp_stride=8, slc_block=32, window=64)),
 ]
 
 
-PATHS = {"tma": dict(tma=True), "pointers": dict(tma=False), "lazy softmax": dict(tma=True, lazy=True),
-         "online softmax": dict(tma=True, lazy=False), "block-major": dict(tma=True, block_major=True),
-         "folded split merge": dict(tma=True, fold=True)}  # the default with 3 splits is the combine launch
+PATHS = {  # nsa_verify options beyond the defaults; each case runs all four
+    "default": {},      # the split heuristic (interpreter: 4 SMs, 3 programs each); CPU: pointer loads, Hopper: TMA
+    "tma-fold2": dict(tma=True, n_split=2),                    # FOLD_MAX_SPLITS splits: folded by default
+    "pointers-combine3": dict(tma=False, n_split=3),           # more: the combine launch by default
+    "other-softmax-fold3": dict(tma=True, n_split=3, fold=True, lazy="other"),  # exact: online, approx: lazy
+}
 
 
-# one split has nothing to merge: the folded path is then the default launch, so only with 3
-@pytest.mark.parametrize("n_split, path", [(s, p) for p in PATHS for s in (1, 3) if (s, p) != (1, "folded split merge")])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_matches_reference(case, gating, dtype, n_split, path):
-    if dtype == torch.float16 and path != "tma":
+def test_verify_matches_reference(case, gating, dtype, path):
+    """Exact and approximate mode, C = 1..16, GQA groups 1..16, both gatings, both load paths, both
+    softmaxes, one and several KV splits merged folded or by the combine launch, into NaN-poisoned
+    outputs."""
+    if dtype == torch.float16 and path != "default":
         pytest.skip("on the GPU the non-default paths are checked in bf16 only (compile time)")
     seed, P, N, hkv, G, D, C, approx, over = case
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
-    if approx and path == "block-major":  # an exact-mode path: asking for it with approx is an error
-        with pytest.raises(ValueError, match="block_major is for exact mode"):
-            nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
-                       torch.zeros(N, hkv, 1, dtype=torch.int32, device=DEV), cfg.slc_block, cfg.window,
-                       group_size=C, approx=True, block_major=True)
-        return
+    opts = dict(PATHS[path])
+    if opts.get("lazy") == "other":
+        opts["lazy"] = approx
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
     idx = ref.block_indices
     if approx:
@@ -104,8 +110,7 @@ def test_verify_matches_reference(case, gating, dtype, n_split, path):
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None,
-                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, n_split=n_split,
-                                 tune=seed == 0, **PATHS[path])  # on CUDA one case is autotuned
+                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, **opts)
     assert o.data_ptr() == out.data_ptr()
     assert rel_err(o, ref.o) < tol(dtype)
     want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)
@@ -136,95 +141,6 @@ EDGE_CASES = {  # name: (seed, P, N, Hkv, G, C, approx, cfg overrides, chain, ma
 }
 
 
-KEY_SPLIT_CASES = [
-    # seed, P, N, Hkv, G, D, C, approx, slc_block (64: 4 chunks of 16 keys, 32: 2), cfg overrides
-    (40, 700, 9, 2, 4, 32, 4, False, 64, {}),
-    (41, 700, 13, 1, 3, 64, 4, False, 64, dict(window=100)),
-    (42, 333, 11, 2, 2, 16, 8, False, 32, {}),
-    (43, 517, 6, 2, 1, 32, 1, False, 32, dict(window=0)),
-    (44, 900, 17, 1, 4, 16, 4, True, 64, dict(n_select=6)),
-    (45, 64, 20, 2, 2, 16, 2, False, 64, dict(window=48)),
-]
-
-
-@pytest.mark.parametrize("load, fold", [("tma", False), ("tma", True), ("pointers", True)])
-@pytest.mark.parametrize("n_split", [1, 3])
-@pytest.mark.parametrize("gating", ["union", "gated"])
-@pytest.mark.parametrize("case", KEY_SPLIT_CASES)
-def test_verify_key_split_matches_reference(case, gating, n_split, load, fold):
-    """The lazy loop with each tile's keys split across warps (selection blocks of 32 and 64 keys:
-    2 and 4 chunks), both load paths, with and without KV splits merged in the kernel."""
-    if CUDA and (load == "pointers" or fold) and n_split == 1 and gating == "gated":
-        pytest.skip("on the GPU a subset of the combinations (compile time)")
-    seed, P, N, hkv, G, D, C, approx, slc, over = case
-    cfg = NSAConfig(**{**CFG, "cmp_block": 16, "cmp_stride": 8, "slc_block": slc, "window": 64, **over,
-                       "gating": gating})
-    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, DTYPES[0], cfg)
-    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
-    idx = ref.block_indices
-    if approx:
-        idx = idx[torch.arange(N) // C * C]
-        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
-    gated = gating == "gated"
-    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                                 cfg.slc_block, cfg.window, group_size=C, approx=approx,
-                                 gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
-                                 out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split,
-                                 tma=load == "tma", lazy=True, key_split=True, fold=fold, tune=False)
-    assert rel_err(o, ref.o) < tol(DTYPES[0])
-    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
-    if gated:
-        assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
-
-
-WINDOW_PASS_CASES = [  # seed, P, N, Hkv, G, D, C, window_group, cfg overrides
-    (60, 150, 7, 2, 3, 16, 4, 16, {}),
-    (61, 301, 9, 1, 4, 32, 1, 8, dict(window=0)),
-    (62, 64, 5, 3, 1, 16, 2, 4, dict(window=40)),
-    (63, 37, 12, 2, 2, 16, 8, 16, dict(window=8)),          # P below the window: nothing in the first launch
-    (64, 700, 33, 1, 16, 16, 4, 16, dict(n_select=6)),       # 256-row window groups: two row splits
-    (65, 0, 20, 2, 2, 16, 2, 16, {}),
-    (66, 97, 16, 2, 5, 64, 1, 2, dict(forced_first=False, forced_local=0)),  # rows with nothing selected there
-    (67, 517, 6, 2, 1, 32, 4, 8, dict(slc_block=32, window=64, cmp_block=16, cmp_stride=8)),
-]
-
-
-@pytest.mark.parametrize("lazy", [False, True])
-@pytest.mark.parametrize("n_split", [1, 3])
-@pytest.mark.parametrize("gating", ["union", "gated"])
-@pytest.mark.parametrize("case", WINDOW_PASS_CASES)
-def test_verify_window_pass_matches_reference(case, gating, n_split, lazy):
-    """Two launches: each C-group's union below the step's window region, then the region and the
-    tree in window groups, merging the first launch's states (lazy with the key split where it fits)."""
-    if CUDA and not lazy and n_split == 1:
-        pytest.skip("on the GPU a subset of the combinations (compile time)")
-    seed, P, N, hkv, G, D, C, wg, over = case
-    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
-    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, DTYPES[0], cfg, chain=seed == 65)
-    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
-    gated = gating == "gated"
-    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
-                                 ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=C,
-                                 gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
-                                 out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, lazy=lazy,
-                                 key_split=None, window_group=wg, tune=False)
-    assert rel_err(o, ref.o) < tol(DTYPES[0])
-    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
-    if gated:
-        assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
-
-
-@pytest.mark.parametrize("bad", [dict(window_group=4), dict(window_group=3), dict(window_group=16, approx=True),
-                                 dict(window_group=16, block_major=True)])
-def test_verify_window_pass_rejects_what_it_does_not_do(bad):
-    cfg = NSAConfig(**CFG)
-    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
-    idx = torch.zeros(7, 2, 4, dtype=torch.int32)
-    with pytest.raises(ValueError, match="window_group must be"):
-        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV), cfg.slc_block,
-                   cfg.window, group_size=4, **bad)
-
-
 def test_ctas_per_sm_counts_registers_shared_memory_and_threads():
     from ssv.ops.utils import ctas_per_sm
     # the verify kernel's two Llama C = 4 variants compiled for sm_90 (scripts/inspect_verify_ttgir.py):
@@ -241,35 +157,17 @@ def test_verify_occupancy_of_the_compiled_variant():
     """The default KV splits fill one wave of the programs that fit on an SM, read from the compiled
     kernel; the result is cached per variant. 8 programs here: the folded variant would need more
     than FOLD_MAX_SPLITS splits, so the combine launch's variant is read too (two entries)."""
-    from ssv.ops.nsa import verify as V
+    from ssv.ops.nsa import verify_policy as VP
     cfg = NSAConfig(**CFG)
     q, k, v, pos, mask, _ = make_case(3, 3000, 16, 2, 4, 64, DTYPES[0], cfg)
     idx = nsa_naive(q.float(), k.float(), v.float(), 3000, pos, mask, cfg).block_indices
-    V._OCCUPANCY.clear()
+    VP._OCCUPANCY.clear()
     o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 3000, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                          cfg.slc_block, cfg.window, group_size=4)
-    assert sorted(key[-1] for key in V._OCCUPANCY) == [False, True]      # folded, then not
-    assert all(1 <= fit <= 32 for fit in V._OCCUPANCY.values())
+    assert sorted(key[-1] for key in VP._OCCUPANCY) == [False, True]      # folded, then not
+    assert all(1 <= fit <= 32 for fit in VP._OCCUPANCY.values())
     ref = nsa_naive(q.float(), k.float(), v.float(), 3000, pos, mask, cfg, block_indices=idx)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
-
-
-def test_verify_key_chunks_and_their_errors():
-    from ssv.ops.nsa.verify import key_chunks
-    assert key_chunks(16, 128, 64, gated=False) == 4      # Llama C = 4: one warp per 16 keys
-    assert key_chunks(16, 128, 64, gated=True) == 4       # two branches: 4096 accumulators a warp
-    assert key_chunks(32, 128, 64, gated=False) == 1      # 32 rows: spills on sm_90
-    assert key_chunks(16, 64, 128, gated=True) == 4       # 128-key blocks: still 4 warps, 32 keys each
-    assert key_chunks(16, 64, 32, gated=False) == 2       # 32-key blocks: 2 chunks
-    assert key_chunks(16, 64, 16, gated=False) == 1       # 16-key blocks: nothing to split
-    cfg = NSAConfig(**CFG)
-    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
-    idx = torch.zeros(7, 2, 4, dtype=torch.int32)
-    args = (q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV), cfg.slc_block, cfg.window)
-    with pytest.raises(ValueError, match="key_split needs the lazy softmax"):
-        nsa_verify(*args, group_size=4, key_split=True)   # 16-key blocks
-    with pytest.raises(ValueError, match="key_split needs the lazy softmax"):
-        nsa_verify(*args, group_size=4, key_split=True, lazy=False)
 
 
 def test_verify_folded_merge_counters_are_left_zero_and_reused():
@@ -280,13 +178,15 @@ def test_verify_folded_merge_counters_are_left_zero_and_reused():
     P, N, hkv, G, C = 150, 9, 2, 3, 2
     cnt = torch.zeros(num_counters(N, hkv * G, hkv, C), dtype=torch.int32, device=DEV)
     assert cnt.numel() == 5 * 2
+    assert num_counters(N, hkv * G, hkv) == N * hkv          # any C: here the per-query launch needs the most
+    assert num_counters(1, 16, 1) == num_counters(1, 16, 1, 16) == 2   # C = 16 of 16 heads: two row splits
     for seed in (50, 51, 52):
         q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, 16, DTYPES[0], cfg)
         ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
         o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
                              ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=C,
                              gates=gates.to(DEV), o_cmp=ref.o_cmp.to(DEV), out=torch.full_like(q, float("nan")).to(DEV),
-                             n_split=2 + seed % 2, fold=True, counters=cnt, tune=False)
+                             n_split=2 + seed % 2, fold=True, counters=cnt)
         assert rel_err(o, ref.o) < tol(DTYPES[0])
         assert int(cnt.abs().sum()) == 0
     with pytest.raises(ValueError, match="counters must be 10"):
@@ -319,17 +219,18 @@ def test_verify_lazy_softmax_falls_back_when_exp2_leaves_range(gating, extreme):
     o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV),
                              ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=4,
                              gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
-                             out=torch.full_like(q, float("nan")).to(DEV), lazy=True, tune=False)
+                             out=torch.full_like(q, float("nan")).to(DEV), lazy=True)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
     assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
 
 
-@pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("gating", ["union", "gated"])
 @pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_verify_edge_cases(name, gating, n_split):
-    """Bounds of the kernel's per-program work list, row splits, and degenerate windows and prefixes."""
+def test_verify_edge_cases(name, gating):
+    """Bounds of the kernel's per-program work list, row splits, and degenerate windows and prefixes;
+    each case with one KV split in one gating and three in the other."""
     seed, P, N, hkv, G, C, approx, over, chain, max_rows = EDGE_CASES[name]
+    n_split = 1 if (seed + (gating == "gated")) % 2 == 0 else 3
     cfg = NSAConfig(**{**CFG, **over, "gating": gating})
     q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, 16, DTYPES[0], cfg, chain=chain)
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
@@ -339,15 +240,12 @@ def test_verify_edge_cases(name, gating, n_split):
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx)
     gated = gating == "gated"
     tma = seed % 2 == 0 if not CUDA else None  # both load paths on the CPU; the default one on the GPU
-    lazy = seed % 3 != 0                       # and the online softmax in a third of the cases
-    block_major = not approx and (seed % 2 == 1 or seed in (10, 18))
-    window_group = 16 if seed in (8, 16) else None     # the window pass: C = 8, windows 0 and 20
+    lazy = None if seed % 3 else approx        # and the other softmax in a third of the cases
     o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
                                  cfg.slc_block, cfg.window, group_size=C, approx=approx,
                                  gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
                                  out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, tma=tma,
-                                 max_rows=max_rows, tune=False, lazy=lazy, block_major=block_major,
-                                 window_group=window_group)
+                                 max_rows=max_rows, lazy=lazy)
     assert rel_err(o, ref.o) < tol(DTYPES[0])
     assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(DTYPES[0]))
     if gated:
@@ -375,9 +273,8 @@ def test_path_blocks_kernel_matches_torch(case):
         assert g.shape == ref.shape and rel_err(g, ref) < tol(DTYPES[0]) or ref.norm() == 0 and g.norm() == 0
 
 
-@pytest.mark.parametrize("block_major", [False, True])
 @pytest.mark.parametrize("C", [1, 4])
-def test_verify_repeated_block_in_one_list_counts_once(C, block_major):
+def test_verify_repeated_block_in_one_list_counts_once(C):
     """A list such as [a, a, c, ...] (ascending, not strictly) attends to block a once, like the reference."""
     cfg = NSAConfig(**CFG)
     q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
@@ -385,31 +282,8 @@ def test_verify_repeated_block_in_one_list_counts_once(C, block_major):
     idx[..., 1] = torch.where(idx[..., 1] >= 0, idx[..., 0], idx[..., 1])
     ref = nsa_naive(q.float(), k.float(), v.float(), 150, pos, mask, cfg, block_indices=idx)
     o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                         cfg.slc_block, cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV),
-                         block_major=block_major)
+                         cfg.slc_block, cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
     assert rel_err(o, ref.o) < tol(DTYPES[0])
-
-
-def test_verify_block_major_plan_is_reused_across_layers():
-    """One step's block-major plan (built at a refresh layer) serves every layer that reuses the
-    selections: each layer's output equals the reference on its own q/k/v; a plan of another shape or
-    step is refused before anything runs."""
-    from ssv.ops.nsa.verify_bm import block_major_plan
-    cfg = NSAConfig(**{**CFG, "window": 16})
-    P, N, hkv, G = 260, 11, 2, 3
-    q, k, v, pos, mask, _ = make_case(30, P, N, hkv, G, 16, DTYPES[0], cfg)
-    idx = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg).block_indices
-    plan = block_major_plan(idx.to(DEV).int(), pos.to(DEV), P, cfg.window, cfg.slc_block, G)
-    for layer in range(2):  # a second layer: other activations, the same selections
-        q2, k2, v2, *_ = make_case(31 + layer, P, N, hkv, G, 16, DTYPES[0], cfg)
-        ref = nsa_naive(q2.float(), k2.float(), v2.float(), P, pos, mask, cfg, block_indices=idx)
-        o, _, _ = nsa_verify(q2.to(DEV), k2.to(DEV), v2.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                             cfg.slc_block, cfg.window, group_size=4, block_major=True, bm_plan=plan,
-                             out=torch.full_like(q2, float("nan")).to(DEV), tune=False)
-        assert rel_err(o, ref.o) < tol(DTYPES[0])
-    with pytest.raises(ValueError, match="block-major plan made for"):
-        nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P - 1, (pos - 1).to(DEV), mask.to(DEV), idx.to(DEV),
-                   cfg.slc_block, cfg.window, group_size=4, block_major=True, bm_plan=plan)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -497,13 +371,32 @@ def test_verify_rejects_unsupported_shapes(bad, msg):
 
 
 def test_verify_default_launch_is_the_fixed_table():
-    from ssv.ops.nsa.verify import launch_config
+    from ssv.ops.nsa.verify_policy import launch_config
     assert launch_config(16, 128, False) == dict(num_warps=4, num_stages=3)   # C = 4 at G = 4
     assert launch_config(32, 128, False)["num_warps"] == 4                    # 8 warps measured slower
     assert launch_config(64, 128, False)["num_warps"] == 8                    # exact 64-row tiles
     assert launch_config(64, 128, True)["num_warps"] == 4                     # approximate ones
     assert launch_config(128, 64, False)["num_warps"] == 8
     assert launch_config(128, 128, False) == dict(num_warps=8, num_stages=2)  # unmeasured: the old fallback
+
+
+def test_verify_launch_plan_sizes_its_scratch():
+    """One plan sizes the grid, the counters (folded merges only) and the partial states (KV splits only)."""
+    from ssv.ops.nsa.verify_policy import num_counters, plan_launch
+    # 9 queries, 6 query heads over 2 KV heads, d = 16, 4 selected 16-key blocks, window 20, P = 300, C = 2
+    args = (9, 6, 2, 16, 4, 16, 20, 300, 2, False, False, False, True)
+    for n_split, fold, states in ((1, False, 0), (2, True, 2 * 9 * 6 * 2), (3, False, 3 * 9 * 6 * 2)):
+        lp = plan_launch(*args, n_split=n_split)
+        assert lp.grid == (5, 2, n_split) and lp.n_split == n_split and lp.fold == fold
+        assert lp.counters == (num_counters(9, 6, 2, 2) if fold else 0) and lp.states == states
+        assert (lp.consts["SPLIT"], lp.consts["FOLD"]) == (n_split > 1, fold)
+    assert plan_launch(*args, n_split=3, fold=True).counters == 10
+    # the heuristic: one wave of the programs that fit on the 4 SMs given (10 programs, 11 items at most)
+    assert plan_launch(*args).n_split == 1                                   # 3 per SM (the interpreter's)
+    lp = plan_launch(*args, fit=lambda consts, cfg, folded: 6)               # 24 // 10: folded
+    assert (lp.n_split, lp.fold) == (2, True)
+    lp = plan_launch(*args, fit=lambda consts, cfg, folded: 9 if folded else 12)
+    assert (lp.n_split, lp.fold) == (4, False)   # folded 36 // 10 = 3 > FOLD_MAX_SPLITS: unfolded, 48 // 10
 
 
 def test_verify_folds_only_few_splits_by_default(monkeypatch):
@@ -525,6 +418,6 @@ def test_verify_folds_only_few_splits_by_default(monkeypatch):
         launched.clear()
         o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 300, pos.to(DEV), mask.to(DEV),
                              ref.block_indices.to(DEV), cfg.slc_block, cfg.window, group_size=4,
-                             out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, fold=fold, tune=False)
+                             out=torch.full_like(q, float("nan")).to(DEV), n_split=n_split, fold=fold)
         assert bool(launched) == combine, (n_split, fold)
         assert rel_err(o, ref.o) < tol(DTYPES[0])
