@@ -123,7 +123,7 @@ def _engine(args, runner, drafter=None):
 # The default trees (depth, top-k, nodes). On the 2-core CPU a 48-node verify pass costs ~5 AR steps
 # of the NSA reference, a 16-node one ~2.5: the small tree was 1.8-2.1x the tokens/s of the large one
 # at 1K (bench/results/spec-cpu-family.json), so `--mode ssv` on the CPU (its profile) drafts it.
-GPU_TREE = (6, 8, 48)
+DEFAULT_TREE = (6, 8, 48)
 CPU_TREE = (4, 4, 16)
 
 
@@ -134,7 +134,7 @@ def _spec_setup(args, model):
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
-    shape = CPU_TREE if args.device == "cpu" and args.mode == "ssv" else GPU_TREE
+    shape = CPU_TREE if args.device == "cpu" and args.mode == "ssv" else DEFAULT_TREE
     given = (args.tree_depth, args.tree_topk, args.tree_tokens)
     tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would

@@ -11,22 +11,10 @@ from ssv.spec.tree import TreeSpec
 
 from .draft.helpers import tiny_head, tiny_target
 from .engine.test_spec import NSA
+from .test_bench_e2e import WordTok   # one token per word, its length (1..20: inside the tiny vocabulary)
 from .test_cli import fails, fast_default, random_head, succeeds  # noqa: F401 -- fixtures
 
 CONTEXTS = [40, 70]
-
-
-class WordTok:
-    """One token per word, its length (ids 1..20 stay inside the tiny target's vocabulary)."""
-
-    def encode(self, text):
-        return [len(w) for w in text.split()]
-
-    def decode(self, ids):
-        return " ".join("x" * i for i in ids)
-
-    def apply_chat_template(self, msgs, add_generation_prompt=True):
-        return "<user> " + msgs[0]["content"] + " <assistant>"
 
 
 def text(seed: int, words: int) -> str:

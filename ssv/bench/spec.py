@@ -93,8 +93,8 @@ def family_documents(tok, texts: dict, families, contexts, count: int) -> dict:
             raise ValueError(f"--prompts has {len(items)} {fam} documents, fewer than --docs {count}")
         docs = []
         for i, text in enumerate(items):
-            if fam == "chat" and len(tok.encode(text)) < need:
-                raise ValueError(f"chat document {i} has {len(tok.encode(text))} tokens, fewer than {need}")
+            if fam == "chat" and (have := len(tok.encode(text))) < need:
+                raise ValueError(f"chat document {i} has {have} tokens, fewer than {need}")
             try:
                 docs.append({L: prompt_ids(tok, fam, text, L) for L in contexts})
             except ValueError as e:

@@ -149,7 +149,7 @@ def _doc(family: str, key: str, text: str, min_chars: int = 400) -> Optional[dic
     if len(text) < min_chars:
         return None
     split_key = f"{family}:{key}"
-    held = _held_out(Path(key).name) or any(part.startswith("git") for part in Path(key).parts[:1])
+    held = _held_out(Path(key).name) or Path(key).parts[0].startswith(HELD_OUT_PREFIXES)   # a page, or git's folder
     return {"id": split_key, "split_key": split_key, "family": family, "text": text,
             "split": "eval" if held or is_eval(split_key) else "train"}
 
@@ -166,13 +166,15 @@ def collect(caps: Optional[dict] = None, workers: int = 4, log=print) -> List[di
         files = sorted(lister(), key=lambda f: (_h(f"{family}:order:{f}"), str(f)))
         total, docs = 0, []
         with ThreadPoolExecutor(workers) as pool:
-            texts = pool.map(render_man if reader is None else reader, files)
-            for f, text in zip(files, texts):
-                d = _doc(family, key(f), text) if text else None
-                if d is None:
-                    continue
-                docs.append(d)
-                total += len(d["text"])
+            # in chunks: rendering stops near the cap instead of after every listed file
+            for i in range(0, len(files), 8 * workers):
+                chunk = files[i:i + 8 * workers]
+                for f, text in zip(chunk, pool.map(render_man if reader is None else reader, chunk)):
+                    d = _doc(family, key(f), text) if text else None
+                    if d is None or total >= caps[family]:
+                        continue
+                    docs.append(d)
+                    total += len(d["text"])
                 if total >= caps[family]:
                     break
         log(f"{family}: {len(docs)} documents of {len(files)} files, {total / 1e6:.1f}M characters, "

@@ -35,6 +35,36 @@ def _band(x: torch.Tensor, Q: int, L: int, nb: int) -> torch.Tensor:
     return xp.unfold(1, L + Q, Q).permute(0, 1, 4, 2, 3)
 
 
+def _attend(q: torch.Tensor, keys: list, vals: list, k: int, W: int) -> torch.Tensor:
+    """Step k's attention: q [B, T, hk, g, d] over the step-0 keys of rows in the window and the
+    diagonal keys of steps 1..k (keys, vals: per step [B, T, hk, d]) -> [B, T, hk, g, d].
+
+    The step-0 keys in bands: query block n (rows nQ .. nQ + Q - 1) sees keys nQ - L .. nQ + Q - 1,
+    which hold every key its rows can see, so scores are [.., T, L + Q] rather than [.., T, T]
+    (Q = L = W for sequences longer than the window; one block, L = 0, otherwise)."""
+    B, T, hk, g, d = q.shape
+    dev = q.device
+    Q = min(W, T)
+    nb = -(-T // Q)
+    Tp, L = nb * Q, min(W, (nb - 1) * Q)
+    qpos = torch.arange(Tp, device=dev).view(nb, Q, 1)
+    kpos = (torch.arange(nb, device=dev) * Q - L).view(nb, 1, 1) + torch.arange(L + Q, device=dev).view(1, 1, L + Q)
+    band_k, band_v = (_band(x, Q, L, nb) for x in (keys[0], vals[0]))     # [B, nb, L + Q, hk, d]
+    scale = d ** -0.5
+    qb = F.pad(q, (0, 0, 0, 0, 0, 0, 0, Tp - T)).view(B, nb, Q, hk, g, d)
+    s0 = torch.einsum("bnthgd,bnshd->bhgnts", qb, band_k) * scale      # [B, hk, g, nb, Q, L + Q]
+    s0 = s0.masked_fill(~((kpos >= 0) & (kpos <= qpos) & (kpos > qpos + k - W)), float("-inf"))
+    diag = [torch.einsum("bthgd,bthd->bhgt", q, keys[i]) * scale for i in range(1, k + 1)]
+    diag = [s if k - i < W else torch.full_like(s, float("-inf")) for i, s in enumerate(diag, 1)]
+    diag = [F.pad(s, (0, Tp - T)).view(B, hk, g, nb, Q) for s in diag]
+    p = torch.softmax(torch.cat([s0] + [s[..., None] for s in diag], -1), -1)
+    o = torch.einsum("bhgnts,bnshd->bnthgd", p[..., :L + Q], band_v).reshape(B, Tp, hk, g, d)[:, :T]
+    for i in range(1, k + 1):
+        w = p[..., L + Q + i - 1].reshape(B, hk, g, Tp)[..., :T].permute(0, 3, 1, 2)   # [B, T, hk, g]
+        o = o + w[..., None] * vals[i][:, :, :, None, :]
+    return o
+
+
 def teacher_targets(head: Eagle3Head, teacher_logits: torch.Tensor, valid: torch.Tensor):
     """(probs over the draft vocab [B, T, Vd] fp32, their argmax [B, T], trained mask [B, T])."""
     with torch.no_grad():
@@ -65,40 +95,16 @@ def ttt_forward(head: Eagle3Head, embed_weight: torch.Tensor, feats: torch.Tenso
     probs, arg, pmask = teacher_targets(head, teacher_logits, valid)
     hidden = head.project(feats.to(head.fc.weight.dtype))
     pos = torch.arange(T, device=dev)
-    # step-0 keys in bands: query block n (rows nQ .. nQ + Q - 1) sees keys nQ - L .. nQ + Q - 1, which
-    # hold every key its rows can see (the window), so scores are [.., T, L + Q] rather than [.., T, T]
-    # (Q = W, L = W for sequences longer than the window; one block, L = 0, otherwise)
-    Q = min(W, T)
-    nb = -(-T // Q)
-    Tp, L = nb * Q, min(W, (nb - 1) * Q)
-    qpos = torch.arange(Tp, device=dev).view(nb, Q, 1)
-    kpos = (torch.arange(nb, device=dev) * Q - L).view(nb, 1, 1) + torch.arange(L + Q, device=dev).view(1, 1, L + Q)
-    keys, vals, bands = [], [], None
+    keys, vals = [], []
     total, losses, accs, counts, kept = 0.0, [], [], [], []
     for k in range(steps):
         toks = _shift(tokens, k + 1)
         emb = F.embedding(toks, embed_weight).to(hidden.dtype)
         cos, sin = head.rope(pos + k)
         q, kk, vv = mid.qkv(emb.reshape(B * T, -1), hidden.reshape(B * T, -1), cos.repeat(B, 1), sin.repeat(B, 1))
-        q = q.view(B, T, hk, g, d).float()
         keys.append(kk.view(B, T, hk, d).float())
         vals.append(vv.view(B, T, hk, d).float())
-        if bands is None:
-            bands = [_band(x, Q, L, nb) for x in (keys[0], vals[0])]       # [B, nb, L + Q, hk, d]
-        scale = d ** -0.5
-        qb = F.pad(q, (0, 0, 0, 0, 0, 0, 0, Tp - T)).view(B, nb, Q, hk, g, d)
-        s0 = torch.einsum("bnthgd,bnshd->bhgnts", qb, bands[0]) * scale      # [B, hk, g, nb, Q, L + Q]
-        vis0 = (kpos >= 0) & (kpos <= qpos) & (kpos > qpos + k - W)
-        s0 = s0.masked_fill(~vis0, float("-inf"))
-        diag = [torch.einsum("bthgd,bthd->bhgt", q, keys[i]) * scale for i in range(1, k + 1)]
-        diag = [s if k - i < W else torch.full_like(s, float("-inf")) for i, s in enumerate(diag, 1)]
-        diag = [F.pad(s, (0, Tp - T)).view(B, hk, g, nb, Q) for s in diag]
-        scores = torch.cat([s0] + [s[..., None] for s in diag], -1)
-        p = torch.softmax(scores, -1)
-        o = torch.einsum("bhgnts,bnshd->bnthgd", p[..., :L + Q], bands[1]).reshape(B, Tp, hk, g, d)[:, :T]
-        for i in range(1, k + 1):
-            w = p[..., L + Q + i - 1].reshape(B, hk, g, Tp)[..., :T].permute(0, 3, 1, 2)   # [B, T, hk, g]
-            o = o + w[..., None] * vals[i][:, :, :, None, :]
+        o = _attend(q.view(B, T, hk, g, d).float(), keys, vals, k, W)
         out = mid.finish(o.reshape(B * T, hq * d), hidden.reshape(B * T, -1)).view(B, T, -1)
         logits = head.draft_logits(out)
         tp, ta, m = _shift(probs, k + 1), _shift(arg, k + 1), _shift(pmask, k + 1, False)

@@ -267,7 +267,7 @@ class DeviceEngine:
 
     def take_agreement(self):
         """The head's depth-1 hits over the rows caught up since the last call (`RowRing`), or None."""
-        return None if self.ring is None or self.ring.agree is None else self.ring.take_agreement()
+        return None if self.ring is None else self.ring.take_agreement()
 
     @torch.no_grad()
     def spec_round(self, opts, params=None) -> list:

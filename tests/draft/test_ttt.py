@@ -50,11 +50,13 @@ def test_ttt_loss_mask_and_targets():
 
 
 @pytest.mark.parametrize("T,window,steps", [(23, 5, 3), (16, 4, 2), (7, 16, 3), (9, 3, 4)])
-def test_banded_attention_equals_dense(T, window, steps):
+def test_banded_attention_equals_dense(T, window, steps, monkeypatch):
     """Loss, per-step logits and gradients of the banded step-0 attention equal the dense masked
     form, at lengths that are and are not multiples of the window, windows longer than the
     sequence, and more steps than the window allows (rows left with their chain keys only)."""
-    from .ttt_dense_ref import ttt_forward_dense
+    import ssv.draft.ttt as ttt
+
+    from .ttt_dense_ref import attend_dense
 
     target = tiny_target()
     g = torch.Generator().manual_seed(T * 100 + window)
@@ -64,10 +66,11 @@ def test_banded_attention_equals_dense(T, window, steps):
     teacher = torch.randn(B, T, target.cfg.vocab_size, generator=g)
     valid = torch.rand(B, T, generator=g) > 0.2
     outs = []
-    for fn in (ttt_forward, ttt_forward_dense):
+    for attend in (ttt._attend, attend_dense):
+        monkeypatch.setattr(ttt, "_attend", attend)
         torch.manual_seed(0)
         head = tiny_head(target, draft_vocab=40, window=window)
-        res = fn(head, target.embed_tokens.weight, feats, tokens, teacher, valid, steps=steps, keep_logits=True)
+        res = ttt.ttt_forward(head, target.embed_tokens.weight, feats, tokens, teacher, valid, steps=steps, keep_logits=True)
         res["loss"].backward()
         outs.append((res, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}))
     (a, ga), (b, gb) = outs
