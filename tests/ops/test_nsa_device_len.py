@@ -35,7 +35,8 @@ def _case(seed, P, N, hkv, G, D, dtype, extra=40):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_device_length_route_and_verify_match_reference(case):
+@pytest.mark.parametrize("fused", [False, True])
+def test_device_length_route_and_verify_match_reference(case, fused):
     seed, P, N, hkv, G, D, C, over = case
     cfg = NSAConfig(**{**CFG, **over})
     dtype = DTYPES[0]
@@ -60,7 +61,7 @@ def test_device_length_route_and_verify_match_reference(case):
         assert rel_err(kp[i, :, :m], hkp[i, :, :m]) < tol(dtype) if m else True
     nbpre = torch.tensor([nb], dtype=torch.int32, device=DEV)
     idx, _, lse, _ = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, kp, vp, npath,
-                               pos.to(DEV), cfg, max_pos=k.shape[1] - 1)
+                               pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused)
     assert torch.equal(idx.cpu().long(), ref.block_indices)
     o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, cfg.slc_block,
                              cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))

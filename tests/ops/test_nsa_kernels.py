@@ -294,8 +294,11 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (3, 7, 4, 2, 2, 16, None, {}),
     (4, 200, 12, 2, 2, 16, 2, dict(cmp_block=16, cmp_stride=16, slc_block=16)),
     (5, 517, 40, 2, 8, 64, None, dict(n_select=5)),
+    (6, 700, 6, 1, 2, 16, 2, dict(cmp_block=64, cmp_stride=16, slc_block=32, n_select=6)),  # A - 1 > R
 ])
-def test_route_matches_reference(case, dtype):
+@pytest.mark.parametrize("fused", [False, True])
+def test_route_matches_reference(case, dtype, fused):
+    """Both launch forms: the split one (KV splits, a top-n launch) and the fused one."""
     seed, P, N, hkv, G, D, split, over = case
     cfg = NSAConfig(**{**CFG, **over})
     q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, G, D, dtype, cfg)
@@ -308,7 +311,8 @@ def test_route_matches_reference(case, dtype):
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
     kp, vp = path_blocks(w, s0, k, v, P, N)
     idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, kp.to(DEV),
-                                     vp.to(DEV), npath.to(DEV), pos.to(DEV), cfg, want_o=True, n_split=split)
+                                     vp.to(DEV), npath.to(DEV), pos.to(DEV), cfg, want_o=True, n_split=split,
+                                     fused=fused)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)

@@ -5,7 +5,7 @@ import torch
 
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import select_blocks
-from ssv.ops.nsa.route import nsa_route_topk_fwd_kernel
+from ssv.ops.nsa.route_kernels import nsa_route_topk_fwd_kernel
 from ssv.ops.utils import pow2
 
 from .test_nsa_kernels import DEV
@@ -13,11 +13,12 @@ from .test_nsa_kernels import DEV
 
 @pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
                                                    (4, 3, 2, 2)])
-def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels):
+@pytest.mark.parametrize("qc", [1, 4])
+def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc):
     cfg = NSAConfig(cmp_block=16, cmp_stride=16, slc_block=16, n_select=nsel, forced_local=1, window=16)
     gen = torch.Generator().manual_seed(seed)
     n, hkv = 6, 2
-    # with cmp = slc blocks of 16 (R = A = 1) a selection block's importance is one psum entry:
+    # with cmp = slc blocks of 16 (R = A = 1) a selection block's importance is one committed entry:
     # few distinct values (levels), some negative, so most comparisons are exact ties
     nb = nbs
     psum = (torch.randint(0, levels, (n, hkv, nb), generator=gen).float() - (levels // 2)) * 0.25
@@ -25,14 +26,14 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels):
     pos[0] = 3                      # one candidate block only: fewer than n selected
     npath = torch.zeros(n, dtype=torch.int32)
     nbpre = torch.tensor([nb], dtype=torch.int32)
-    imp = torch.full((n, hkv, nbs), float("nan"))
+    pp = torch.full((n, hkv, 1), float("nan"))   # no path-specific blocks: never read
     idx = torch.full((n, hkv, nsel), 99, dtype=torch.int32)
-    t = [x.to(DEV) for x in (psum, npath, nbpre, pos, imp, idx)]
-    nsa_route_topk_fwd_kernel[(n, hkv)](
-        *t, nbs, t[0].stride(0), t[0].stride(1), t[4].stride(0), t[4].stride(1), t[5].stride(0), t[5].stride(1),
-        LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1), FORCED_FIRST=cfg.forced_first,
-        FORCED_LOCAL=cfg.forced_local, num_warps=4)
-    imp_k, idx_k = t[4].cpu(), t[5].cpu().long()
+    t = [x.to(DEV) for x in (psum.clone(), pp, npath, nbpre, pos, idx)]   # importance updated in place
+    nsa_route_topk_fwd_kernel[(-(-n // qc), hkv)](
+        *t, n, nbs, t[0].stride(0), t[0].stride(1), t[1].stride(0), t[1].stride(1), t[5].stride(0), t[5].stride(1),
+        QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1),
+        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, num_warps=4)
+    imp_k, idx_k = t[0].cpu(), t[5].cpu().long()
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))
     assert torch.equal(imp_k, want_imp)
     assert torch.equal(idx_k, select_blocks(want_imp, pos, cfg))
