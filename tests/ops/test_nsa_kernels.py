@@ -294,7 +294,7 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (3, 7, 4, 2, 2, 16, None, {}),
     (4, 200, 12, 2, 2, 16, 2, dict(cmp_block=16, cmp_stride=16, slc_block=16)),
     (5, 517, 40, 2, 8, 64, None, dict(n_select=5)),
-    (6, 700, 6, 1, 2, 16, 2, dict(cmp_block=64, cmp_stride=16, slc_block=32, n_select=6)),  # A - 1 > R
+    (6, 300, 6, 1, 2, 16, 2, dict(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)),  # A - 1 = R
 ])
 @pytest.mark.parametrize("fused", [False, True])
 def test_route_matches_reference(case, dtype, fused):

@@ -28,12 +28,23 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc):
     nbpre = torch.tensor([nb], dtype=torch.int32)
     pp = torch.full((n, hkv, 1), float("nan"))   # no path-specific blocks: never read
     idx = torch.full((n, hkv, nsel), 99, dtype=torch.int32)
-    t = [x.to(DEV) for x in (psum.clone(), pp, npath, nbpre, pos, idx)]   # importance updated in place
+    own = psum.clone().to(DEV)   # R = A = 1: no tail; the importance is written over it
+    t = [x.to(DEV) for x in (pp, npath, nbpre, pos, idx)]
     nsa_route_topk_fwd_kernel[(-(-n // qc), hkv)](
-        *t, n, nbs, t[0].stride(0), t[0].stride(1), t[1].stride(0), t[1].stride(1), t[5].stride(0), t[5].stride(1),
-        QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1),
-        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, num_warps=4)
-    imp_k, idx_k = t[0].cpu(), t[5].cpu().long()
+        own, own, *t, n, nbs, own.stride(0), own.stride(1), t[0].stride(0), t[0].stride(1), t[4].stride(0),
+        t[4].stride(1), QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel,
+        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, num_warps=1)
+    imp_k, idx_k = own.cpu(), t[4].cpu().long()
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))
     assert torch.equal(imp_k, want_imp)
     assert torch.equal(idx_k, select_blocks(want_imp, pos, cfg))
+
+
+def test_route_refuses_block_shapes_the_kernels_cannot_sum():
+    from ssv.ops.nsa.route_policy import check_blocks
+    assert check_blocks(NSAConfig()) == (4, 2)
+    assert check_blocks(NSAConfig(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)) == (2, 3)   # A - 1 = R
+    for bad in (dict(cmp_block=48, cmp_stride=16, slc_block=48),      # R = 3
+                dict(cmp_block=64, cmp_stride=16, slc_block=32)):     # A - 1 = 3 > R = 2
+        with pytest.raises(ValueError, match="Triton routing kernels need"):
+            check_blocks(NSAConfig(**bad, n_select=6))

@@ -21,7 +21,7 @@ from ssv.config import NSAConfig
 from ssv.ops.nsa.route_kernels import (nsa_path_blocks_fwd_kernel, nsa_route_fused_fwd_kernel,
                                        nsa_route_imp_fwd_kernel, nsa_route_lse_fwd_kernel,
                                        nsa_route_topk_fwd_kernel)
-from ssv.ops.nsa.route_policy import plan_route
+from ssv.ops.nsa.route_policy import check_blocks, plan_route
 from ssv.ops.utils import pow2, sm_count
 
 
@@ -53,28 +53,28 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
     lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused)
-    r, a = cfg.slc_block // cfg.cmp_stride, -(-cfg.cmp_block // cfg.cmp_stride)
+    r, a = check_blocks(cfg)
     f32 = dict(device=dev, dtype=torch.float32)
     npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
     pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
     kp, vp = k_path.contiguous(), v_path.contiguous()
-    imp = torch.empty(n, hkv, nbs, **f32)
+    imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
+    tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
     pp = torch.empty(n, hkv, nbp, **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
-    rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o)
-    sel = dict(CRP=lp.crp, R=r, A=a, JT=lp.jt, JTP=lp.jtp)
-    top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, FORCED_FIRST=cfg.forced_first,
+    rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp)
+    top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, FORCED_FIRST=cfg.forced_first,
                FORCED_LOCAL=cfg.forced_local)
     kst = (q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), hq)
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
     if lp.fused:
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
-            q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, pos, imp, pp, idx, o_cmp, lse, n, nbp, nbs, float(scale),
-            *kst, *ist, *xst, QC=lp.qc, **rows, **sel, **top, num_warps=4)
+            q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, float(scale),
+            *kst, *ist, *xst, CRP=lp.cr, R=r, A=a, QC=lp.qc, **rows, **top, num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     m_part = torch.empty(lp.n_split, n, hq, **f32)
     l_part = torch.empty(lp.n_split, n, hq, **f32)
@@ -84,10 +84,11 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, m_part, l_part, a_part, n, nbp, float(scale), *kst, **rows,
         num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
-        q, k_cmp, kp, npath, nbpre_t, m_part, l_part, a_part, imp, pp, o_cmp, lse, n, nbp, nbs, float(scale),
-        *kst, *ist, **rows, **sel, num_warps=4)
+        q, k_cmp, kp, npath, nbpre_t, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbp, nbs, float(scale),
+        *kst, *ist, CRP=lp.cr, R=r, A=a, **rows, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
-        imp, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, num_warps=4)
+        imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
+        num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
 
 

@@ -29,21 +29,23 @@ def _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb):
 
 @triton.jit
 def _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr,
-                 D: tl.constexpr):
-    # log2(e) and the scale folded into q: the softmax runs in base 2
+                 D: tl.constexpr, GP: tl.constexpr):
+    # row r = (query r // GP, head r % GP): a [CRP, GP] grid (heads padded to a power of two) whose
+    # head axis a reshape sums; log2(e) and the scale folded into q: the softmax runs in base 2
     o_r = tl.arange(0, BM)
-    o_qi = (i_g * CR + o_r // G).to(tl.int64)
-    m_r = (o_r < CR * G) & (o_qi < N)
-    o_hq = i_h * G + o_r % G
+    o_c = o_r // GP
+    o_qi = (i_g * CR + o_c).to(tl.int64)
+    m_r = (o_r % GP < G) & (o_c < CR) & (o_qi < N)
+    o_hq = i_h * G + o_r % GP
     o_d = tl.arange(0, D)
     b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
     return (b_q * (scale * 1.4426950408889634)).to(b_q.dtype), o_r, o_qi, m_r, o_hq, o_d
 
 
 @triton.jit
-def _num_sel_touched(NBPRE, NBS, R: tl.constexpr, A: tl.constexpr):
-    # selection blocks j < NBS holding a committed compression block i (j*R - A < i < (j+1)*R, i < NBPRE)
-    return tl.minimum(tl.where(NBPRE > 0, (NBPRE + A - 2) // R + 1, 0), NBS)
+def _num_own(NBPRE, NBS, R: tl.constexpr):
+    # selection blocks j < NBS whose own compression blocks [j*R, (j+1)*R) hold a committed one
+    return tl.minimum(tl.cdiv(NBPRE, R), NBS)
 
 
 @triton.jit
@@ -87,45 +89,44 @@ def _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_
 
 
 @triton.jit
-def _query_selector(i_g, o_r, m_r, N, G: tl.constexpr, CR: tl.constexpr, CRP: tl.constexpr):
-    # [CRP, BM] 0/1: row r belongs to the program's query c (sums a query's G heads in one product)
+def _query_cols(i_g, N, CR: tl.constexpr, CRP: tl.constexpr):
     o_c = tl.arange(0, CRP)
     o_qc = (i_g * CR + o_c).to(tl.int64)
-    m_c = (o_c < CR) & (o_qc < N)
-    return ((o_r[None, :] // G == o_c[:, None]) & m_r[None, :]).to(tl.float32), o_qc, m_c
+    return o_qc, (o_c < CR) & (o_qc < N)
 
 
 @triton.jit
-def _imp_range(b_q, b_lsafe, b_sel, kc, imp, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
-               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, JT: tl.constexpr, JTP: tl.constexpr):
-    # importance of selection blocks [j_lo, j_hi) from the committed compression blocks: a tile of BC
-    # compression blocks from j0*R - A + 1 holds all R + A - 1 blocks of JT whole selection blocks,
-    # mapped by one 0/1 product, so every selection block is summed by one program (no halo, no race)
-    o_l = tl.arange(0, BC)
-    o_jl = tl.arange(0, JTP)
-    u = o_l[:, None] - o_jl[None, :] * R
-    b_map = ((u >= 0) & (u < R + A - 1) & (o_jl < JT)[None, :]).to(tl.float32)    # [BC, JTP]
-    for j0 in range(j_lo, j_hi, JT):
-        o_i = j0 * R - A + 1 + o_l
-        m_i = (o_i >= 0) & (o_i < NBPRE)
+def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
+               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CRP: tl.constexpr, GP: tl.constexpr):
+    # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
+    # selection blocks: a query's probabilities summed over its heads (a reshape), then over each
+    # block's own R compression blocks ("own") and over its last A - 1 ("tail", which block j + 1
+    # also overlaps): imp[j] = own[j] + tail[j - 1], added by the top-n; no block written twice
+    JB: tl.constexpr = BC // R
+    o_u = tl.arange(0, R)
+    for j0 in range(j_lo, j_hi, JB):
+        o_i = j0 * R + tl.arange(0, BC)
+        m_i = o_i < NBPRE
         b_s, _ = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
         b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)  # [BM, BC]
-        b_pj = tl.dot(b_p, b_map, input_precision="ieee")                                   # [BM, JTP]
-        b_imp = tl.dot(b_sel, b_pj, input_precision="ieee")                                 # [CRP, JTP]
-        o_j = j0 + o_jl
-        m_j = (o_jl < JT) & (o_j < j_hi)
-        tl.store(imp + o_qc[:, None] * s_in + o_j[None, :], b_imp, mask=m_c[:, None] & m_j[None, :])
+        b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CRP, GP, BC]), 1), [CRP, JB, R])        # [CRP, JB, R]
+        o_j = j0 + tl.arange(0, JB)
+        p_o = o_qc[:, None] * s_in + o_j[None, :]
+        m_o = m_c[:, None] & (o_j < j_hi)[None, :]
+        tl.store(own + p_o, tl.sum(b_ps, 2), mask=m_o)
+        if A > 1:
+            tl.store(tail + p_o, tl.sum(tl.where((o_u >= R - A + 1)[None, None, :], b_ps, 0.0), 2), mask=m_o)
 
 
 @triton.jit
-def _imp_path(b_q, b_lsafe, b_sel, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb,
-              s_un, s_uh):
-    # each query's path-specific blocks' probabilities summed over its G heads: pp [N, Hkv, NBP]
+def _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
+              CRP: tl.constexpr, GP: tl.constexpr):
+    # each query's path-specific blocks' probabilities summed over its heads: pp [N, Hkv, NBP]
     b_np = tl.load(npath + o_qi, mask=m_r, other=0)
     for b in range(0, NBP):
         b_s, m_b, _ = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
         b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
-        b_ps = tl.sum(b_sel * b_p[None, :], 1)
+        b_ps = tl.sum(tl.reshape(b_p, [CRP, GP]), 1)
         tl.store(pp + o_qc * s_un + i_h * s_uh + b, b_ps, mask=m_c)
 
 
@@ -137,16 +138,21 @@ def _order_bits(x):
 
 
 @triton.jit
-def _topk_rows(imp, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
+def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
                LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-               NSELP: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr):
-    # queries o_q [QC]: importance (committed part from `imp`, path-specific blocks from `pp`),
-    # candidates, forced blocks, top-n with ties to the lower index, ascending, -1 padded
+               FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr):
+    # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
+    # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
+    # with ties to the lower index, ascending, -1 padded
     o_j = tl.arange(0, BJ)
     m_j = o_j < NBS
     m_qj = m_q[:, None] & m_j[None, :]
-    p_imp = imp + o_q[:, None] * s_in + i_h * s_ih + o_j[None, :]
-    b_imp = tl.load(p_imp, mask=m_qj & (o_j < _num_sel_touched(NBPRE, NBS, R, A))[None, :], other=0.0)  # [QC, BJ]
+    NJO = _num_own(NBPRE, NBS, R)
+    p_row = o_q[:, None] * s_in + i_h * s_ih
+    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < NJO)[None, :], other=0.0)      # [QC, BJ]
+    if A > 1:
+        m_t = m_qj & ((o_j >= 1) & (o_j <= NJO))[None, :]
+        b_imp += tl.load(tail + p_row + o_j[None, :] - 1, mask=m_t, other=0.0)
     t = tl.load(pos + o_q, mask=m_q, other=0)
     b_np = tl.load(npath + o_q, mask=m_q, other=0)
     for u in tl.static_range(R + A - 1):
@@ -155,23 +161,34 @@ def _topk_rows(imp, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, 
         b_imp += tl.load(pp + o_q[:, None] * s_un + i_h * s_uh + o_b[None, :], mask=m_b, other=0.0)
     cand = (o_j[None, :] * LS <= t[:, None]) & m_j[None, :]
     b_imp = tl.where(cand, b_imp, float("-inf"))
-    tl.store(p_imp, b_imp, mask=m_qj)
+    tl.store(own + p_row + o_j[None, :], b_imp, mask=m_qj)
     cur = t[:, None] // LS
     forced = (o_j[None, :] > cur - FORCED_LOCAL) & (o_j[None, :] <= cur)
     if FORCED_FIRST:
         forced = forced | (o_j[None, :] == 0)
     b_key = tl.where(cand & forced, float("inf"), b_imp)
-    # one top-k over packed keys: the score's order bits above BJ - 1 - j, so that equal scores
-    # rank the lower block first
-    b_pk = (_order_bits(b_key).to(tl.int64) << 32) | (BJ - 1 - o_j)[None, :].to(tl.int64)
-    b_top = tl.topk(b_pk, NSELP)                                                    # [QC, NSELP]
-    o_k = tl.arange(0, NSELP)
-    b_ninf = _order_bits(tl.full([1, NSELP], float("-inf"), tl.float32))
-    taken = ((b_top >> 32).to(tl.int32) > b_ninf) & (o_k < NSEL)[None, :]
-    b_j = tl.where(taken, BJ - 1 - (b_top & 0xFFFFFFFF).to(tl.int32), BJ)
-    b_j = tl.sort(b_j)                                                               # ascending, pads last
-    tl.store(idx + o_q[:, None] * s_xn + i_h * s_xh + o_k[None, :], tl.where(b_j < BJ, b_j, -1),
-             mask=m_q[:, None] & (o_k < NSEL)[None, :])
+    # the n-th largest key by bisection on its order bits (32 counting rounds, no sort), then the
+    # keys above it and, of those equal to it, the lowest blocks: a stable descending sort's first n
+    b_ord = _order_bits(b_key)                                                     # [QC, BJ] int32
+    lo = tl.full(o_q.shape, -2147483648, tl.int64)
+    hi = tl.full(o_q.shape, 2147483648, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi) >> 1
+        ok = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1) >= NSEL
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    b_t = lo.to(tl.int32)[:, None]
+    above = b_ord > b_t
+    tie = b_ord == b_t
+    need = NSEL - tl.sum(above.to(tl.int32), 1)
+    sel = (above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))) & (b_key > float("-inf"))
+    rank = tl.cumsum(sel.to(tl.int32), 1) - 1
+    p_x = idx + o_q[:, None] * s_xn + i_h * s_xh
+    tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
+    o_k = tl.arange(0, BJ)
+    cnt = tl.sum(sel.to(tl.int32), 1)
+    tl.store(p_x + o_k[None, :], tl.full([1, BJ], -1, tl.int32),
+             mask=m_q[:, None] & (o_k[None, :] >= cnt[:, None]) & (o_k < NSEL)[None, :])
 
 
 @triton.jit
@@ -180,14 +197,14 @@ def nsa_route_lse_fwd_kernel(
     N, NBP, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr,
 ):
     # split launch 1, grid (query groups, Hkv, splits): partial softmax state of a range of the
     # committed compression blocks in whole BC tiles (split 0 also the path-specific blocks)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NBPRE = tl.load(nbpre)
     BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), tl.num_programs(2)), BC) * BC
-    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
@@ -206,19 +223,18 @@ def nsa_route_lse_fwd_kernel(
 
 @triton.jit
 def nsa_route_imp_fwd_kernel(
-    q, kc, kp, npath, nbpre, m_in, l_in, a_in, imp, pp, o_cmp, lse,
+    q, kc, kp, npath, nbpre, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
     N, NBP, NBS, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, JT: tl.constexpr,
-    JTP: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
 ):
     # split launch 2, same grid: the final log-sum-exp from the splits' states, then the importance
     # of a range of whole selection blocks (split 0 also the path-specific blocks' sums)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
     NBPRE = tl.load(nbpre)
-    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     for s in range(0, NSPLIT):
         b_m = tl.maximum(b_m, tl.load(m_in + (s * N + o_qi) * HQ + o_hq, mask=m_r, other=float("-inf")))
@@ -239,46 +255,47 @@ def nsa_route_imp_fwd_kernel(
         if WANT_O:
             b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
             tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
-    b_sel, o_qc, m_c = _query_selector(i_g, o_r, m_r, N, G, CR, CRP)
-    NJ = _num_sel_touched(NBPRE, NBS, R, A)
-    JPS = tl.cdiv(tl.cdiv(tl.maximum(NJ, 1), NSPLIT), JT) * JT
+    o_qc, m_c = _query_cols(i_g, N, CR, CRP)
+    NJO = _num_own(NBPRE, NBS, R)
+    JB: tl.constexpr = BC // R
+    JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NSPLIT), JB) * JB
     j_lo = i_s * JPS
-    _imp_range(b_q, b_lsafe, b_sel, kc + i_h * s_kh, imp + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
-               tl.minimum(j_lo + JPS, NJ), NBPRE, s_kb, s_in, R, A, BC, JT, JTP)
+    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
+               tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CRP, GP)
     if i_s == 0:
-        _imp_path(b_q, b_lsafe, b_sel, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb,
-                  s_un, s_uh)
+        _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
+                  CRP, GP)
 
 
 @triton.jit
 def nsa_route_topk_fwd_kernel(
-    imp, pp, npath, nbpre, pos, idx,
+    own, tail, pp, npath, nbpre, pos, idx,
     N, NBS, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     QC: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-    NSELP: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
     # split launch 3, grid (query chunks of QC, Hkv)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
-    _topk_rows(imp, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh, s_xn,
-               s_xh, LS, R, A, BJ, NSEL, NSELP, FORCED_FIRST, FORCED_LOCAL)
+    _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
+               s_xn, s_xh, LS, R, A, BJ, NSEL, FORCED_FIRST, FORCED_LOCAL)
 
 
 @triton.jit
 def nsa_route_fused_fwd_kernel(
-    q, kc, vc, kp, vp, npath, nbpre, pos, imp, pp, idx, o_cmp, lse,
+    q, kc, vc, kp, vp, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
     N, NBP, NBS, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, JT: tl.constexpr,
-    JTP: tl.constexpr, QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-    NSELP: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+    QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
+    FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
     i_g, i_h = tl.program_id(0), tl.program_id(1)
     NBPRE = tl.load(nbpre)
-    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
@@ -293,16 +310,17 @@ def nsa_route_fused_fwd_kernel(
     if WANT_O:
         b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
         tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
-    b_sel, o_qc, m_c = _query_selector(i_g, o_r, m_r, N, G, CR, CRP)
-    _imp_range(b_q, b_lsafe, b_sel, kc + i_h * s_kh, imp + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
-               _num_sel_touched(NBPRE, NBS, R, A), NBPRE, s_kb, s_in, R, A, BC, JT, JTP)
-    _imp_path(b_q, b_lsafe, b_sel, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh)
+    o_qc, m_c = _query_cols(i_g, N, CR, CRP)
+    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
+               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CRP, GP)
+    _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
+              CRP, GP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
     for c in tl.static_range(0, CRP, QC):
         o_c = c + tl.arange(0, QC)
         o_q = (i_g * CR + o_c).to(tl.int64)
-        _topk_rows(imp, pp, npath, pos, idx, NBPRE, NBS, o_q, (o_c < CR) & (o_q < N), i_h, s_in, s_ih, s_un, s_uh,
-                   s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, FORCED_FIRST, FORCED_LOCAL)
+        _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, (o_c < CR) & (o_q < N), i_h, s_in, s_ih,
+                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, FORCED_FIRST, FORCED_LOCAL)
 
 
 @triton.jit
