@@ -3,6 +3,7 @@ replayed from a CUDA graph, each launch's device time (torch.profiler over eager
 selections compared. Prints a table, writes JSON."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -17,6 +18,8 @@ import triton.testing
 from ssv.bench.kernels import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
+import ssv.ops.nsa.route as route_mod
+import ssv.ops.nsa.route_policy as policy
 from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
 
 spec = importlib.util.spec_from_file_location("route_old", "bench/results/route-v2/route_old.py")
@@ -24,8 +27,8 @@ old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 
 CASES = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 8192, 64), ("smollm2-135m", 4096, 48),
-         ("smollm2-135m", 8192, 48), ("llama3.1-8b", 16384, 64), ("llama3.1-8b", 131072, 64),
-         ("llama3.1-8b", 65536, 16)]
+         ("smollm2-135m", 8192, 48), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 16384, 64),
+         ("llama3.1-8b", 131072, 64)]
 
 
 def case(shape, T, N, gen, dtype=torch.bfloat16):
@@ -67,12 +70,21 @@ def main(out):
         args = (q, kc, vc, nb, kp, vp, npath, pos, cfg)
         ref = old.nsa_route(*args, max_pos=mp)
         variants = [("v1", None, lambda: old.nsa_route(*args, max_pos=mp))]
-        for mr in (16, 32, 64):
-            for fused in (False, True):
-                if fused and nb > 1024 or not fused and mr == 32:
-                    continue
-                variants.append((f"v2 {'fused' if fused else 'split'} rows{mr}", (mr, fused),
-                                 lambda mr=mr, fused=fused: nsa_route(*args, max_pos=mp, max_rows=mr, fused=fused)))
+        variants.append(("v2", None, lambda: nsa_route(*args, max_pos=mp)))
+        if nb > 320:   # the other form beside the policy's choice
+            variants.append(("v2 fused", None, lambda: nsa_route(*args, max_pos=mp, fused=True)))
+        else:
+            variants.append(("v2 split", None, lambda: nsa_route(*args, max_pos=mp, fused=False)))
+        if T >= 65536:
+            def four_warps(*a, _plan=policy.plan_route, **k):
+                return dataclasses.replace(_plan(*a, **k), topk_warps=4)
+            def fn4():
+                route_mod.plan_route = four_warps
+                try:
+                    return nsa_route(*args, max_pos=mp)
+                finally:
+                    route_mod.plan_route = policy.plan_route
+            variants.append(("v2 top-n 4 warps", None, fn4))
         for name, par, fn in variants:
             try:
                 us, per = timed(fn)

@@ -296,9 +296,14 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (5, 517, 40, 2, 8, 64, None, dict(n_select=5)),
     (6, 300, 6, 1, 2, 16, 2, dict(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)),  # A - 1 = R
 ])
-@pytest.mark.parametrize("fused", [False, True])
-def test_route_matches_reference(case, dtype, fused):
-    """Both launch forms: the split one (KV splits, a top-n launch) and the fused one."""
+@pytest.mark.parametrize("form", ["split", "split, bisection", "fused"])
+def test_route_matches_reference(case, dtype, form, monkeypatch):
+    """Both launch forms: the split one (KV splits, a top-n launch) and the fused one; the top-n of
+    short rows (bitonic) and of long ones (bisection)."""
+    import ssv.ops.nsa.route_policy as policy
+    if "bisection" in form:
+        monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)
+    fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
     cfg = NSAConfig(**{**CFG, **over})
     q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, G, D, dtype, cfg)

@@ -13,8 +13,9 @@ from .test_nsa_kernels import DEV
 
 @pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
                                                    (4, 3, 2, 2)])
-@pytest.mark.parametrize("qc", [1, 4])
-def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc):
+@pytest.mark.parametrize("qc, srt", [(1, True), (4, True), (1, False), (4, False)])
+def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt):
+    """Both selections: the bitonic top-k (short rows) and the bisection (long rows)."""
     cfg = NSAConfig(cmp_block=16, cmp_stride=16, slc_block=16, n_select=nsel, forced_local=1, window=16)
     gen = torch.Generator().manual_seed(seed)
     n, hkv = 6, 2
@@ -32,7 +33,7 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc):
     t = [x.to(DEV) for x in (pp, npath, nbpre, pos, idx)]
     nsa_route_topk_fwd_kernel[(-(-n // qc), hkv)](
         own, own, *t, n, nbs, own.stride(0), own.stride(1), t[0].stride(0), t[0].stride(1), t[4].stride(0),
-        t[4].stride(1), QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel,
+        t[4].stride(1), QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1), SORTED=srt,
         FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, num_warps=1)
     imp_k, idx_k = own.cpu(), t[4].cpu().long()
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))

@@ -140,7 +140,8 @@ def _order_bits(x):
 @triton.jit
 def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
                LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-               FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr):
+               NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr,
+               FORCED_LOCAL: tl.constexpr):
     # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
     # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
     # with ties to the lower index, ascending, -1 padded
@@ -167,28 +168,38 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
     if FORCED_FIRST:
         forced = forced | (o_j[None, :] == 0)
     b_key = tl.where(cand & forced, float("inf"), b_imp)
-    # the n-th largest key by bisection on its order bits (32 counting rounds, no sort), then the
-    # keys above it and, of those equal to it, the lowest blocks: a stable descending sort's first n
-    b_ord = _order_bits(b_key)                                                     # [QC, BJ] int32
-    lo = tl.full(o_q.shape, -2147483648, tl.int64)
-    hi = tl.full(o_q.shape, 2147483648, tl.int64)
-    for _ in range(32):
-        mid = (lo + hi) >> 1
-        ok = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1) >= NSEL
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    b_t = lo.to(tl.int32)[:, None]
-    above = b_ord > b_t
-    tie = b_ord == b_t
-    need = NSEL - tl.sum(above.to(tl.int32), 1)
-    sel = (above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))) & (b_key > float("-inf"))
-    rank = tl.cumsum(sel.to(tl.int32), 1) - 1
     p_x = idx + o_q[:, None] * s_xn + i_h * s_xh
-    tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
-    o_k = tl.arange(0, BJ)
-    cnt = tl.sum(sel.to(tl.int32), 1)
-    tl.store(p_x + o_k[None, :], tl.full([1, BJ], -1, tl.int32),
-             mask=m_q[:, None] & (o_k[None, :] >= cnt[:, None]) & (o_k < NSEL)[None, :])
+    if SORTED:
+        # short rows: a bitonic top-k over packed keys, the score's order bits above BJ - 1 - j so
+        # that equal scores rank the lower block first; the n taken sorted back to ascending blocks
+        b_pk = (_order_bits(b_key).to(tl.int64) << 32) | (BJ - 1 - o_j)[None, :].to(tl.int64)
+        b_top = tl.topk(b_pk, NSELP)                                                # [QC, NSELP]
+        o_k = tl.arange(0, NSELP)
+        b_ninf = _order_bits(tl.full([1, NSELP], float("-inf"), tl.float32))
+        taken = ((b_top >> 32).to(tl.int32) > b_ninf) & (o_k < NSEL)[None, :]
+        b_j = tl.sort(tl.where(taken, BJ - 1 - (b_top & 0xFFFFFFFF).to(tl.int32), BJ))
+        tl.store(p_x + o_k[None, :], tl.where(b_j < BJ, b_j, -1), mask=m_q[:, None] & (o_k < NSEL)[None, :])
+    else:
+        # long rows: the n-th largest key by bisection on its order bits (32 counting rounds), then
+        # the keys above it and, of those equal to it, the lowest blocks (a stable sort's first n)
+        b_ord = _order_bits(b_key)                                                 # [QC, BJ] int32
+        lo = tl.full(o_q.shape, -2147483648, tl.int64)
+        hi = tl.full(o_q.shape, 2147483648, tl.int64)
+        for _ in range(32):
+            mid = (lo + hi) >> 1
+            ok = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1) >= NSEL
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        b_t = lo.to(tl.int32)[:, None]
+        above = b_ord > b_t
+        tie = b_ord == b_t
+        need = NSEL - tl.sum(above.to(tl.int32), 1)
+        sel = (above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))) & (b_key > float("-inf"))
+        rank = tl.cumsum(sel.to(tl.int32), 1) - 1
+        tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
+        cnt = tl.sum(sel.to(tl.int32), 1)
+        tl.store(p_x + o_j[None, :], tl.full([1, BJ], -1, tl.int32),
+                 mask=m_q[:, None] & (o_j[None, :] >= cnt[:, None]) & (o_j < NSEL)[None, :])
 
 
 @triton.jit
@@ -272,13 +283,13 @@ def nsa_route_topk_fwd_kernel(
     own, tail, pp, npath, nbpre, pos, idx,
     N, NBS, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     QC: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-    FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
     # split launch 3, grid (query chunks of QC, Hkv)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
-               s_xn, s_xh, LS, R, A, BJ, NSEL, FORCED_FIRST, FORCED_LOCAL)
+               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
 
 
 @triton.jit
@@ -288,8 +299,8 @@ def nsa_route_fused_fwd_kernel(
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
-    QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
-    FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
+    SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
@@ -320,7 +331,7 @@ def nsa_route_fused_fwd_kernel(
         o_c = c + tl.arange(0, QC)
         o_q = (i_g * CR + o_c).to(tl.int64)
         _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, (o_c < CR) & (o_q < N), i_h, s_in, s_ih,
-                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, FORCED_FIRST, FORCED_LOCAL)
+                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
 
 
 @triton.jit

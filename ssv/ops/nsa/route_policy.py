@@ -13,11 +13,16 @@ import triton
 from ssv.config import NSAConfig
 from ssv.ops.utils import pow2
 
-# the fused launch sweeps the whole cache in one program per (query group, KV head): good while
-# that sweep is short (measured on the H200: bench/NOTES.md, "routing v2")
-FUSED_MAX_BLOCKS = 512
-# elements of one top-n tile ([queries, selection blocks] packed keys) per program
-TOPK_ELEMS = 512
+# Measured on the H200 (bench/NOTES.md, "Routing v2"; bench/results/route-v2/):
+# the fused launch sweeps the cache in one program per (query group, KV head): faster than the
+# split launches up to ~300 compression blocks (SmolLM2 at 4K: 15.2 vs 18.3 us), slower at 511;
+# and at 16 rows (SmolLM2 at 4K: 15.2 us at 16 rows, 24.5 at 32, 40.4 at 64)
+FUSED_MAX_BLOCKS = 320
+FUSED_MAX_ROWS = 16
+# top-n: a bitonic top-k on short rows (2.8-5.4 us at 64-128 blocks against 8.6-9.8 by bisection),
+# bisection on long ones (21 us at 1,024 blocks against 51; 39 against 264 at 2,048)
+SORTED_MAX_BLOCKS = 256
+TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
 MAX_SELECTION_BLOCKS = 8192
 
 
@@ -33,6 +38,8 @@ class RouteLaunch:
     bj: int        # selection blocks per top-n row, a power of two
     qc: int        # queries per top-n tile
     topk_warps: int
+    sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
+    nselp: int
 
 
 def check_blocks(cfg: NSAConfig) -> tuple:
@@ -54,6 +61,9 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     if nbs > MAX_SELECTION_BLOCKS:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of {MAX_SELECTION_BLOCKS}")
     r, _ = check_blocks(cfg)
+    fused = nb_cap <= FUSED_MAX_BLOCKS if fused is None else fused
+    if fused:
+        max_rows = min(max_rows, FUSED_MAX_ROWS)
     g = hq // hkv
     gp = pow2(g, 1)
     cr = max(1, min(pow2(n, 1), max(1, max_rows // gp)))
@@ -63,7 +73,6 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     n_groups = triton.cdiv(n, cr)
     bc = max(64, r)
     bj = pow2(max(nbs, cfg.n_select))
-    fused = nb_cap <= FUSED_MAX_BLOCKS if fused is None else fused
     if fused:
         n_split = 1
     else:
@@ -71,5 +80,10 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         if n_split is None:
             n_split = max(1, min(tiles, (2 * sms) // max(1, n_groups * hkv)))
         n_split = max(1, min(n_split, tiles))
-    qc = max(1, min(cr if fused else pow2(n, 1), TOPK_ELEMS // bj))
-    return RouteLaunch(fused, gp, cr, bm, n_groups, n_split, bc, bj, qc, 1 if qc * bj <= 1024 else 4)
+    srt = bj <= SORTED_MAX_BLOCKS
+    if fused:
+        qc = max(1, min(cr, TOPK_ELEMS // bj))
+    else:
+        qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
+    warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
+    return RouteLaunch(fused, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1))
