@@ -120,11 +120,12 @@ def _engine(args, runner, drafter=None):
     return DeviceEngine(runner, drafter, graphs=args.device == "cuda" and not args.eager)
 
 
-# The default trees (depth, top-k, nodes). On the 2-core CPU a 48-node verify pass costs ~5 AR steps
-# of the NSA reference, a 16-node one ~2.5: the small tree was 1.8-2.1x the tokens/s of the large one
-# at 1K (bench/results/spec-cpu-family.json), so `--mode ssv` on the CPU (its profile) drafts it.
+# The default trees (depth, top-k, nodes). On the 2-core CPU a step's cost grows with its rows (4 rows
+# ~1.0 AR step, 16 ~1.8, 48 ~3.3: bench/results/cpu-step-costs.json), so `--mode ssv` there drafts a
+# 4-node tree: 1.23x / 1.03x ar on code / prose at 1K, where 4x4x16 was 0.65x / 0.76x
+# (bench/results/spec-cpu-small-trees.json).
 DEFAULT_TREE = (6, 8, 48)
-CPU_TREE = (4, 4, 16)
+CPU_TREE = (3, 3, 4)
 
 
 def _spec_setup(args, model):

@@ -8,7 +8,7 @@ from torch import nn
 
 from ssv.cache import KVCache
 from ssv.config import ModelConfig
-from ssv.model.layers import Block, RMSNorm, fused_glue, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import Block, RMSNorm, fused_glue, linear, rope_cos_sin, rope_inv_freq
 
 
 class Transformer(nn.Module):
@@ -62,7 +62,7 @@ class Transformer(nn.Module):
             # rounding them turns near-ties into exact ties, which speculative and AR decoding break
             # differently (measured: most GPU divergences from `ar` had a bf16 margin of 0)
             return torch.mm(x, w.T, out_dtype=torch.float32)
-        return (x @ w.T).float()
+        return linear(x, w).float() if x.dim() == 2 else (x @ w.T).float()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
                 logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):
