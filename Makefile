@@ -22,7 +22,7 @@ install-dev: install
 	$(BIN)/pip install -q -e '.[dev]'
 
 demo: install
-	$(BIN)/ssv generate --model default --attention nsa --mode ar --chat --max-new-tokens 48 \
+	$(BIN)/ssv generate --model default --attention nsa --mode ssv --chat --max-new-tokens 48 \
 		--prompt "$(PROMPT)"
 
 test: install-dev

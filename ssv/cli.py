@@ -110,8 +110,11 @@ def cmd_generate(args) -> int:
     else:
         print(text)
         s = res.stats
+        spec = f", mean accepted length {s['mean_accepted_length']:.2f}" if args.mode != "ar" else ""
+        if s.get("ar_steps"):
+            spec += f", {s['ar_steps']} AR fall-back steps"
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
-              f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds]", file=sys.stderr)
+              f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds{spec}]", file=sys.stderr)
     return 0
 
 
