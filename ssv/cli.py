@@ -138,8 +138,10 @@ def _spec_setup(args, model):
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
-    shape = CPU_TREE if args.device == "cpu" and args.mode == "ssv" else DEFAULT_TREE
     given = (args.tree_depth, args.tree_topk, args.tree_tokens)
+    # the CPU's profile tree only when no tree option is given (a partial choice fills in the default)
+    cpu = args.device == "cpu" and args.mode == "ssv" and all(v is None for v in given)
+    shape = CPU_TREE if cpu else DEFAULT_TREE
     tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
