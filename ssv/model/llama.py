@@ -62,7 +62,7 @@ class Transformer(nn.Module):
             # rounding them turns near-ties into exact ties, which speculative and AR decoding break
             # differently (measured: most GPU divergences from `ar` had a bf16 margin of 0)
             return torch.mm(x, w.T, out_dtype=torch.float32)
-        return linear(x, w).float() if x.dim() == 2 else (x @ w.T).float()
+        return linear(x, w).float()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
                 logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):

@@ -1,3 +1,5 @@
+# Frozen copy of ssv/ops/nsa/route.py at b8b58c5 (routing v1), kept only as the A/B baseline of
+# scripts/probe_route.py (the device gets the working tree, not the history). Not imported by ssv.
 """NSA routing for a batch of verification queries: compressed attention, importance, top-n.
 
 Three launches, flash-decoding style so that long contexts spread over the whole GPU:

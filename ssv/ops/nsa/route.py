@@ -21,7 +21,7 @@ from ssv.config import NSAConfig
 from ssv.ops.nsa.route_kernels import (nsa_path_blocks_fwd_kernel, nsa_route_fused_fwd_kernel,
                                        nsa_route_imp_fwd_kernel, nsa_route_lse_fwd_kernel,
                                        nsa_route_topk_fwd_kernel)
-from ssv.ops.nsa.route_policy import check_blocks, plan_route
+from ssv.ops.nsa.route_policy import plan_route
 from ssv.ops.utils import pow2, sm_count
 
 
@@ -53,7 +53,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
     lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused)
-    r, a = check_blocks(cfg)
+    r, a = lp.r, lp.a
     f32 = dict(device=dev, dtype=torch.float32)
     npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
@@ -74,7 +74,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     if lp.fused:
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, float(scale),
-            *kst, *ist, *xst, CRP=lp.cr, R=r, A=a, QC=lp.qc, **rows, **top, num_warps=4)
+            *kst, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     m_part = torch.empty(lp.n_split, n, hq, **f32)
     l_part = torch.empty(lp.n_split, n, hq, **f32)
@@ -85,7 +85,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
         q, k_cmp, kp, npath, nbpre_t, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbp, nbs, float(scale),
-        *kst, *ist, CRP=lp.cr, R=r, A=a, **rows, num_warps=4)
+        *kst, *ist, R=r, A=a, **rows, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
         imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
         num_warps=lp.topk_warps)

@@ -1,8 +1,8 @@
 """Triton kernels of NSA routing (the math is in this folder's README.md, the launches in route.py).
 
-Rows of a program are (query, head) pairs: CR queries of the step times the GQA group's G heads, so
-each compressed key tile is loaded once for all of them and the group's probabilities are summed by
-one product with a row -> query selector. Lengths are read from device memory (a captured graph
+Rows of a program are (query, head) pairs: CR queries of the step times the GQA group's heads
+(padded to GP), so each compressed key tile is loaded once for all of them and a query's
+probabilities are summed over its heads by a reshape. Lengths are read from device memory (a captured graph
 replays at any context length); grids are sized for the cache's capacity and idle programs exit.
 """
 from __future__ import annotations
@@ -30,12 +30,12 @@ def _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb):
 @triton.jit
 def _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr,
                  D: tl.constexpr, GP: tl.constexpr):
-    # row r = (query r // GP, head r % GP): a [CRP, GP] grid (heads padded to a power of two) whose
+    # row r = (query r // GP, head r % GP): a [CR, GP] grid (heads padded to a power of two) whose
     # head axis a reshape sums; log2(e) and the scale folded into q: the softmax runs in base 2
     o_r = tl.arange(0, BM)
     o_c = o_r // GP
     o_qi = (i_g * CR + o_c).to(tl.int64)
-    m_r = (o_r % GP < G) & (o_c < CR) & (o_qi < N)
+    m_r = (o_r % GP < G) & (o_qi < N)
     o_hq = i_h * G + o_r % GP
     o_d = tl.arange(0, D)
     b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
@@ -89,15 +89,29 @@ def _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_
 
 
 @triton.jit
-def _query_cols(i_g, N, CR: tl.constexpr, CRP: tl.constexpr):
-    o_c = tl.arange(0, CRP)
-    o_qc = (i_g * CR + o_c).to(tl.int64)
-    return o_qc, (o_c < CR) & (o_qc < N)
+def _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, store, D: tl.constexpr,
+                    WANT_O: tl.constexpr):
+    # the final base-2 log-sum-exp (b_l summed relative to the max b_m); lse_cmp in natural log and,
+    # for gated NSA, o_cmp stored when `store`; returns the exponent offset of the probabilities
+    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
+    if store:
+        tl.store(lse + o_qi * HQ + o_hq, b_lse2 * 0.6931471805599453, mask=m_r)
+        if WANT_O:
+            b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
+            tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    return tl.where(b_l > 0, b_lse2, 0.0)
+
+
+@triton.jit
+def _query_cols(i_g, N, CR: tl.constexpr):
+    o_qc = (i_g * CR + tl.arange(0, CR)).to(tl.int64)
+    return o_qc, o_qc < N
 
 
 @triton.jit
 def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
-               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CRP: tl.constexpr, GP: tl.constexpr):
+               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr):
     # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
     # selection blocks: a query's probabilities summed over its heads (a reshape), then over each
     # block's own R compression blocks ("own") and over its last A - 1 ("tail", which block j + 1
@@ -109,7 +123,7 @@ def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBP
         m_i = o_i < NBPRE
         b_s, _ = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
         b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)  # [BM, BC]
-        b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CRP, GP, BC]), 1), [CRP, JB, R])        # [CRP, JB, R]
+        b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CR, GP, BC]), 1), [CR, JB, R])            # [CR, JB, R]
         o_j = j0 + tl.arange(0, JB)
         p_o = o_qc[:, None] * s_in + o_j[None, :]
         m_o = m_c[:, None] & (o_j < j_hi)[None, :]
@@ -120,13 +134,13 @@ def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBP
 
 @triton.jit
 def _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-              CRP: tl.constexpr, GP: tl.constexpr):
+              CR: tl.constexpr, GP: tl.constexpr):
     # each query's path-specific blocks' probabilities summed over its heads: pp [N, Hkv, NBP]
     b_np = tl.load(npath + o_qi, mask=m_r, other=0)
     for b in range(0, NBP):
         b_s, m_b, _ = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
         b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
-        b_ps = tl.sum(tl.reshape(b_p, [CRP, GP]), 1)
+        b_ps = tl.sum(tl.reshape(b_p, [CR, GP]), 1)
         tl.store(pp + o_qc * s_un + i_h * s_uh + b, b_ps, mask=m_c)
 
 
@@ -238,7 +252,7 @@ def nsa_route_imp_fwd_kernel(
     N, NBP, NBS, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, GP: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
 ):
     # split launch 2, same grid: the final log-sum-exp from the splits' states, then the importance
     # of a range of whole selection blocks (split 0 also the path-specific blocks' sums)
@@ -259,23 +273,17 @@ def nsa_route_imp_fwd_kernel(
         if WANT_O:
             if i_s == 0:
                 b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
-    b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
-    b_lsafe = tl.where(b_l > 0, b_lse2, 0.0)
-    if i_s == 0:
-        tl.store(lse + o_qi * HQ + o_hq, b_lse2 * 0.6931471805599453, mask=m_r)
-        if WANT_O:
-            b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
-            tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
-    o_qc, m_c = _query_cols(i_g, N, CR, CRP)
+    b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
+    o_qc, m_c = _query_cols(i_g, N, CR)
     NJO = _num_own(NBPRE, NBS, R)
     JB: tl.constexpr = BC // R
     JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NSPLIT), JB) * JB
     j_lo = i_s * JPS
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
-               tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CRP, GP)
+               tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
     if i_s == 0:
         _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-                  CRP, GP)
+                  CR, GP)
 
 
 @triton.jit
@@ -298,7 +306,7 @@ def nsa_route_fused_fwd_kernel(
     N, NBP, NBS, scale,
     s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, GP: tl.constexpr, CRP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
 ):
@@ -314,23 +322,16 @@ def nsa_route_fused_fwd_kernel(
                                WANT_O)
     b_m, b_l, b_a = _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_m, b_l, b_a,
                               WANT_O)
-    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
-    b_lsafe = tl.where(b_l > 0, b_lse2, 0.0)
-    tl.store(lse + o_qi * HQ + o_hq, b_lse2 * 0.6931471805599453, mask=m_r)
-    if WANT_O:
-        b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
-        tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
-    o_qc, m_c = _query_cols(i_g, N, CR, CRP)
+    b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
+    o_qc, m_c = _query_cols(i_g, N, CR)
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
-               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CRP, GP)
+               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
     _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-              CRP, GP)
+              CR, GP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
-    for c in tl.static_range(0, CRP, QC):
-        o_c = c + tl.arange(0, QC)
-        o_q = (i_g * CR + o_c).to(tl.int64)
-        _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, (o_c < CR) & (o_q < N), i_h, s_in, s_ih,
+    for c in tl.static_range(0, CR, QC):
+        o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
+        _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, o_q < N, i_h, s_in, s_ih,
                    s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
 
 

@@ -29,8 +29,10 @@ MAX_SELECTION_BLOCKS = 8192
 @dataclass(frozen=True)
 class RouteLaunch:
     fused: bool
+    r: int         # compression-block starts per selection block (check_blocks)
+    a: int         # strides a compression block spans
     gp: int        # the GQA group's heads padded to a power of two
-    cr: int        # queries per program, a power of two (rows = cr * gp)
+    cr: int        # queries per program, a power of two (rows bm = cr * gp)
     bm: int
     n_groups: int
     n_split: int   # KV splits of the split launches (1 when fused)
@@ -60,15 +62,15 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     lives on the device); nbs selection blocks per query row."""
     if nbs > MAX_SELECTION_BLOCKS:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of {MAX_SELECTION_BLOCKS}")
-    r, _ = check_blocks(cfg)
+    r, a = check_blocks(cfg)
     fused = nb_cap <= FUSED_MAX_BLOCKS if fused is None else fused
     if fused:
         max_rows = min(max_rows, FUSED_MAX_ROWS)
     g = hq // hkv
     gp = pow2(g, 1)
-    cr = max(1, min(pow2(n, 1), max(1, max_rows // gp)))
-    cr = 1 << (cr.bit_length() - 1)                                  # a power of two, at most max_rows // gp
-    bm = max(16, cr * gp)
+    per = max(1, max_rows // gp)
+    cr = min(pow2(n, 1), 1 << (per.bit_length() - 1))   # queries: a power of two, rows <= max_rows
+    bm = max(16, cr * gp)                                 # tl.dot's smallest M
     cr = bm // gp
     n_groups = triton.cdiv(n, cr)
     bc = max(64, r)
@@ -86,4 +88,4 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     else:
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
-    return RouteLaunch(fused, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1))
+    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1))
