@@ -1,7 +1,9 @@
 """The CPU's target step (the default model, fp32, 2 cores, after a prefill of P tokens): one step of
 N new tokens (a chain) for several N, with `ssv.model.layers.linear` (W @ x.T on the CPU) and with
 plain F.linear, interleaved round by round so that both see the same machine; the median of each.
-Prints a table, writes JSON.
+Before that, the two matrix products alone (x @ W.T as F.linear takes it, and (W @ x.T).T) for the
+tied head and an MLP projection at a few row counts, interleaved the same way. Prints tables,
+writes JSON.
 
     python scripts/cpu_step_costs.py [P] [out.json]
 """
@@ -26,8 +28,29 @@ from ssv.engine.runner import Runner
 NS = (1, 2, 4, 8, 16, 48)
 
 
+def matmuls(rounds=6, reps=5):
+    rows = []
+    for name, (o, i) in (("head 49152 x 576", (49152, 576)), ("gate 1536 x 576", (1536, 576))):
+        w = torch.randn(o, i)
+        for m in (1, 2, 4, 16):
+            x = torch.randn(m, i)
+            t = {"x @ W.T": [], "(W @ x.T).T": []}
+            for _ in range(rounds):
+                for f, fn in (("x @ W.T", lambda: F.linear(x, w)), ("(W @ x.T).T", lambda: torch.mm(w, x.t()).t())):
+                    fn()
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        fn()
+                    t[f].append((time.perf_counter() - t0) / reps * 1e3)
+            a, b = statistics.median(t["x @ W.T"]), statistics.median(t["(W @ x.T).T"])
+            rows.append(dict(matrix=name, rows=m, ms_linear=a, ms_wxt=b))
+            print(f"{name:17s} rows {m:2d}  x @ W.T {a:7.3f} ms  (W @ x.T).T {b:7.3f} ms  x{a / b:.2f}", flush=True)
+    return rows
+
+
 def main(P=1024, out="cpu-step-costs.json", rounds=5):
     torch.manual_seed(0)
+    mm = matmuls()
     model, _ = load_model("default", "cpu", progress=False)
     r = Runner(model, attention="nsa")
     t0 = time.perf_counter()
@@ -57,7 +80,8 @@ def main(P=1024, out="cpu-step-costs.json", rounds=5):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     env = dict(device=f"cpu ({torch.get_num_threads()} threads)", torch=torch.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit)
-    json.dump(dict(env=env, context=P, prefill_s=prefill_s, rounds=rounds, rows=rows), open(out, "w"), indent=1)
+    json.dump(dict(env=env, context=P, prefill_s=prefill_s, rounds=rounds, matmuls=mm, rows=rows), open(out, "w"),
+              indent=1)
     print(f"prefill {P}: {prefill_s:.1f} s; wrote {out}")
 
 

@@ -124,7 +124,7 @@ def _engine(args, runner, drafter=None):
 
 
 # The default trees (depth, top-k, nodes). On the 2-core CPU a step's cost grows with its rows (4 rows
-# ~1.0 AR step, 16 ~1.8, 48 ~3.3: bench/results/cpu-step-costs.json), so `--mode ssv` there drafts a
+# ~1.0 AR step, 16 ~1.75, 48 ~3.4: bench/results/cpu-step-costs.json), so `--mode ssv` there drafts a
 # 4-node tree: 1.23x / 1.03x ar on code / prose at 1K, where 4x4x16 was 0.65x / 0.76x
 # (bench/results/spec-cpu-small-trees.json).
 DEFAULT_TREE = (6, 8, 48)

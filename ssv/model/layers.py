@@ -63,9 +63,9 @@ def _cat_cached(owner: nn.Module, name: str, parts) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
     """F.linear, except for inference on the CPU with more than one row: there MKL's x @ W.T takes a
-    slow path for a few rows (measured on the 2-core CPU, fp32: the 49152 x 576 head 51 / 59 / 68 ms
-    at 2 / 4 / 16 rows against 14 / 15 / 33 ms for (W @ x.T).T, the 3072 x 576 gate-up 1.46 ms
-    against 0.54 at 4 rows; one row the same either way), and a verification step has a few rows."""
+    slow path for a few rows (bench/results/cpu-step-costs.json, 2-core CPU, fp32: the 49152 x 576 head
+    39 / 44 / 48 ms at 2 / 4 / 16 rows against 11 / 11 / 28 ms for (W @ x.T).T, one row the same
+    either way), and a verification step has a few rows."""
     if x.is_cuda or x.dim() != 2 or x.shape[0] < 2 or torch.is_grad_enabled():
         return F.linear(x, w, b)
     y = torch.mm(w, x.t()).t().contiguous()
