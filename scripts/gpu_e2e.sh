@@ -22,7 +22,8 @@ case "${1:?call number}" in
 1)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
-        tests/ops/test_glue.py 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
+        tests/ops/test_glue.py tests/ops/test_route_topk.py tests/engine/test_fallback.py 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
+    [ -n "${PROBE_DENSE:-}" ] && timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-$SSV_COMMIT.json" 2>&1 | tail -40
     timeout 240 python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
     ;;
 2)

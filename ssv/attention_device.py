@@ -115,11 +115,14 @@ class KernelDensePlan(_DevicePlanBase):
     """Dense attention on the verify kernel: a window spanning the whole cache and no selected blocks is
     exact dense attention over the prefix (flash-decoding tiles, KV splits, log-sum-exp merge) plus
     the tree part under its ancestor mask."""
-    group_size = 16  # every query sees the whole prefix: groups of 16 read each tile once for 16 queries
 
     def __init__(self, n: int, cache: KVCache, n_heads: int, block: int = 64):
         from ssv.ops.nsa.verify import num_counters
         hkv, dev = cache.k.shape[1], cache.k.device
+        # every query sees the whole prefix: groups of up to 16 read each tile once for all of them; a
+        # group no larger than the step, so the AR step's tile holds one query's heads (lighter
+        # programs, more of them per SM: bench/results/probe-dense-*.json)
+        self.group_size = min(16, 1 << max(0, n - 1).bit_length())
         self.block, self.window = block, cache.k.shape[2]
         self._none = torch.full((n, hkv, 1), -1, device=dev, dtype=torch.int32)
         self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.group_size), device=dev, dtype=torch.int32)

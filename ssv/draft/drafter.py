@@ -61,6 +61,7 @@ class Eagle3Drafter:
         self.dlen.zero_()
         self.slot_pos.fill_(-1)
         self.last_hidden: Optional[torch.Tensor] = None
+        self.agreement: Optional[tuple] = None   # the last `commit(agree=...)`'s (top-1, top-k, pairs)
         self.last_logp: Optional[torch.Tensor] = None
 
     def _keep_last(self, out: torch.Tensor) -> torch.Tensor:
@@ -84,11 +85,15 @@ class Eagle3Drafter:
         return self.head.project(feats.to(device=self.device, dtype=self.dtype))
 
     @torch.no_grad()
-    def commit(self, taps: Sequence[torch.Tensor], next_tokens, start: Optional[int] = None) -> torch.Tensor:
+    def commit(self, taps: Sequence[torch.Tensor], next_tokens, start: Optional[int] = None,
+               agree: tuple = (0, 0)) -> torch.Tensor:
         """Append n rows (features at positions p0..p0+n-1 with the tokens at p0+1..p0+n).
 
         taps: 3 tensors [n, target_hidden] in ascending layer order (as Transformer.forward returns
         them for `taps=drafter.taps`). start: optional check that p0 equals the committed length.
+        agree = (k, m): also count, over the last m rows, how often the head's first choice (top-1)
+        and its k first choices (top-k) name the next row's token; kept as `agreement` (top-1 hits,
+        top-k hits, pairs), e.g. a prompt's evidence for `ArFallback.prime`.
         Returns the draft log-probs [vocab] (target vocabulary, -inf off the draft vocabulary) of
         the token after the last one, i.e. of the children of the next tree root.
         """
@@ -101,6 +106,8 @@ class Eagle3Drafter:
         hidden = self._features(taps, n)
         emb = self.embed(toks).to(self.dtype)
         mid, W = self.head.midlayer, self.window
+        k_agree, tail = int(agree[0]), n - int(agree[1])
+        hits = torch.zeros(2, dtype=torch.long, device=self.device)
         out = None
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
@@ -114,6 +121,17 @@ class Eagle3Drafter:
             out = mid.finish(a, hidden[c0:c1])
             slots = pos % W
             self.k[slots], self.v[slots], self.slot_pos[slots] = k, v, pos
+            if k_agree > 0 and c1 > tail:
+                # row i predicts toks[i + 1]: the last row has no pair yet
+                lo, hi = max(c0, tail, 0), min(c1, n - 1)
+                if hi > lo:
+                    kk = min(k_agree, self.vocab_ids.numel())
+                    pred = self.vocab_ids[self.head.draft_logits(out[lo - c0:hi - c0]).topk(kk, -1).indices]
+                    hit = pred == toks[lo + 1:hi + 1, None]                  # [m, k]
+                    hits += torch.stack([hit[:, 0].sum(), hit.any(-1).sum()])
+        if k_agree > 0:
+            h1, hk = hits.tolist()
+            self.agreement = (h1, hk, max(0, n - 1 - max(tail, 0)))
         self.length += n
         self.dlen.fill_(self.length)
         return self._keep_last(out)

@@ -101,13 +101,20 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     logits, chunks = runner.prefill(prompt_ids, progress=progress, taps=drafter.taps)
     root = pick_token(logits, params, gen)
     taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
-    root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]))
+    # with a fall-back, the head's agreement with the prompt's last rows decides the first step
+    # (a planner's strategies differ per round: no single tree to estimate for)
+    prime = fallback is not None and opts is not None and fallback.prime_rows > 0 and hasattr(drafter, "agreement")
+    root_logp = (drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]),
+                                agree=(opts.tree.top_k, fallback.prime_rows + 1))
+                 if prime else drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root])))
     fast = engine is not None
     if fast:
         if engine.runner is not runner or engine.drafter is not drafter:
             raise ValueError("the device engine belongs to another runner or drafter")
         # the engine's coins from a seed the host generator draws: never the host's own stream
         engine.start(root, int(torch.randint(2 ** 62, (1,), generator=gen)))
+    if prime and drafter.agreement is not None:
+        fallback.prime(*drafter.agreement, opts.tree.depth)
     _sync(runner.device)
     t1 = time.perf_counter()
     out, rounds, stop = [root], 0, "length"

@@ -27,10 +27,13 @@ class ArFallback:
     prior_break_even: float = 2.0  # round / AR-step cost ratio until both have been timed
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
     min_pairs: int = 16          # caught-up rows an agreement rate needs before it can end a burst
+    prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
 
     def __post_init__(self):
-        if self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1:
-            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1 and max_ar >= min_ar are required")
+        if (self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
+                or self.prime_rows < 0):
+            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1, max_ar >= min_ar and prime_rows >= 0 "
+                             "are required")
         if not self.prior_break_even >= 1.0:
             raise ValueError(f"ArFallback: prior_break_even must be >= 1, got {self.prior_break_even}")
         self.reset()
@@ -89,6 +92,21 @@ class ArFallback:
         if self.expected_length(*agreement, depth) < self.break_even():
             self.ar_left = self.backoff
             self.bursts.append((self.rounds, self.backoff, None, self.break_even()))
+            self.backoff = min(2 * self.backoff, self.max_ar)
+
+    def prime(self, top1: int, topk: int, pairs: int, depth: int) -> None:
+        """Before the first round, the head's agreement with the prompt's own last rows (the
+        drafter's prefill commit counts it, `Eagle3Drafter.commit(agree=...)`): when even that text
+        would not pay a round, decoding starts with a burst, so no round is spent to learn it.
+        The target's continuation is more predictable than most prompts (default head: prompt
+        estimates below the measured MAL, bench/results/fallback-prior-cpu.json), so an estimate
+        that pays starts speculating as before."""
+        if pairs < self.min_pairs or self.rounds or self.ar_steps:
+            return
+        be = self.break_even()
+        if self.expected_length(top1, topk, pairs, depth) < be:   # as a failed probe: a burst, then doubled
+            self.ar_left = self.backoff
+            self.bursts.append((0, self.backoff, None, be))
             self.backoff = min(2 * self.backoff, self.max_ar)
 
     def observe_spec(self, emitted: int, seconds: float) -> None:

@@ -71,7 +71,9 @@ def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(
     res = generate_spec(r, d, prompt, GREEDY, 50, opts=SpecOptions(tree=TreeSpec(3, 2, 6)), engine=eng, fallback=fb)
     assert res.token_ids == ar.token_ids
     assert res.stats["ar_steps"] >= 30 and res.stats["rounds"] >= 3
-    assert [b["steps"] for b in res.stats["fallback"]["bursts"]][:3] == [6, 12, 12]
+    bursts = res.stats["fallback"]["bursts"]
+    assert [b["steps"] for b in bursts][:3] == [6, 12, 12]
+    assert bursts[0]["after_round"] == 0      # the prompt's agreement: no round spent to learn it
     if engine:
         eng.catch_up()
         assert int(d.dlen) == d.length == r.length
@@ -194,3 +196,47 @@ def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
         f.observe_ar(0.5)
     f.burst_end(None, depth=6)                     # no evidence (host rounds): the probe decides
     assert not f.use_ar() and not f.check_due
+
+
+def test_policy_prime_starts_with_a_burst_only_when_the_prompt_would_not_pay():
+    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
+    f.prime(6, 12, 31, depth=6)                    # 1.48 < 2.5: a burst first, as after a failed probe
+    assert f.ar_left == 4 and f.backoff == 8 and f.bursts[0][:3] == (0, 4, None)
+    g = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
+    g.prime(15, 26, 31, depth=6)                   # 2.61 >= 2.5: speculation from the start
+    assert not g.use_ar() and not g.bursts and g.backoff == 4
+    g.prime(1, 2, 15, depth=6)                     # too few pairs: no evidence
+    assert not g.use_ar()
+    g.observe_spec(1, 1.0)
+    g.prime(1, 2, 31, depth=6)                     # only before the first step
+    assert not g.use_ar()
+    with pytest.raises(ValueError, match="prime_rows"):
+        ArFallback(prime_rows=-1)
+
+
+def test_commit_agreement_counts_the_heads_hits_on_the_prompts_last_rows():
+    """Planted tokens: the next token is the head's own first choice at every third row, its third
+    choice at the next, a token outside its top-3 at the third; `commit(agree=(3, m))` over the last m
+    rows counts exactly those, in chunks (chunk 7) as in one piece."""
+    target = draft_target()
+    head = tiny_head(target, draft_vocab=40, window=64)
+    gen = torch.Generator().manual_seed(11)
+    n = 30
+    taps = [torch.randn(n, target.cfg.hidden_size, generator=gen) for _ in range(3)]
+    ref = Eagle3Drafter(head, target)
+    toks = [int(ref.vocab_ids[0])]
+    kinds = []
+    for i in range(n - 1):                          # row i's prediction names toks[i + 1]
+        lp = ref.commit([t[i:i + 1] for t in taps], torch.tensor([toks[i]]))
+        top = lp.topk(4).indices.tolist()
+        kinds.append(i % 3)
+        toks.append(top[0] if i % 3 == 0 else top[2] if i % 3 == 1 else top[3])
+    for chunk in (64, 7):
+        for m in (n, 12):
+            d = Eagle3Drafter(head, target, chunk=chunk)
+            d.commit(taps, torch.tensor(toks), agree=(3, m))
+            last = kinds[-(m - 1):]
+            assert d.agreement == (last.count(0), last.count(0) + last.count(1), m - 1)
+    d = Eagle3Drafter(head, target)
+    d.commit(taps, torch.tensor(toks))
+    assert d.agreement is None

@@ -68,9 +68,12 @@ def test_device_length_route_and_verify_match_reference(case, fused):
     assert rel_err(o, ref.o) < tol(dtype)
 
 
+@pytest.mark.parametrize("split", [None, 24])
 @pytest.mark.parametrize("case", [(0, 150, 7, 2, 3, 16), (1, 0, 5, 1, 2, 32), (2, 200, 1, 2, 4, 16)])
-def test_dense_attention_on_the_verify_kernel(case):
-    """A window over the whole cache and no selected blocks is dense attention (KernelDensePlan)."""
+def test_dense_attention_on_the_verify_kernel(case, split):
+    """A window over the whole cache and no selected blocks is dense attention (KernelDensePlan); also
+    with more KV splits than the prefix has tiles (empty splits merged), as the AR step's launch at
+    a short length in a long cache has."""
     seed, P, N, hkv, G, D = case
     dtype = DTYPES[0]
     q, k, v, pos, mask = _case(seed, P, N, hkv, G, D, dtype)
@@ -78,6 +81,6 @@ def test_dense_attention_on_the_verify_kernel(case):
     none = torch.full((N, hkv, 1), -1, dtype=torch.int32, device=DEV)
     plen = torch.tensor([P], dtype=torch.int32, device=DEV)
     o, _, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), none, 16, k.shape[1],
-                         out=torch.full_like(q, float("nan")).to(DEV))
+                         out=torch.full_like(q, float("nan")).to(DEV), n_split=split)
     assert rel_err(o, want) < tol(dtype)
 

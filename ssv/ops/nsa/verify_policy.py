@@ -21,7 +21,9 @@ from ssv.ops.utils import ctas_per_sm, pow2, sm_limits
 # splits (Llama, 64 queries), down to 0.65x where a program merges 8-16 splits alone (4-16 queries,
 # nsa-1b). So by default it folds at most FOLD_MAX_SPLITS.
 FOLD_MAX_SPLITS = 2
-MAX_SPLITS = 16
+# KV splits bind only where a few programs stream a long prefix: the dense AR step (8 programs at
+# the Llama shape) needs ~4 per SM to reach the copy bandwidth (bench/results/probe-dense-*.json)
+MAX_SPLITS = 64
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
