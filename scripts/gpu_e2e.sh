@@ -21,12 +21,13 @@ cp /tmp/e2e/* "$OUTD"/ 2>/dev/null || true   # earlier calls' results travel on
 case "${1:?call number}" in
 1)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
-    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
-        tests/ops/test_glue.py tests/ops/test_route_topk.py tests/engine/test_fallback.py 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
+    timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS1:-tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
+        tests/ops/test_glue.py tests/ops/test_route_topk.py tests/engine/test_fallback.py} 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
     [ -n "${PROBE_DENSE:-}" ] && timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-$SSV_COMMIT.json" 2>&1 | tail -40
-    timeout 240 python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
+    timeout ${STEPS_TIMEOUT:-240} python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
     ;;
 2)
+    [ -n "${SKIP2:-}" ] && exit 0
     timeout 500 python3 -m pytest -q -p no:cacheprovider -x tests/ops/test_nsa_kernels.py -k "route or device or path" \
         2>&1 | tail -5
     ;;

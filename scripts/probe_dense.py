@@ -1,7 +1,8 @@
 """Probe: the dense AR step's attention (one query over the whole prefix on the verify kernel, as
 `KernelDensePlan` runs it) at the Llama-3.1-8B shape, against its K/V bytes at the copy bandwidth:
-group sizes and KV split counts side by side, CUDA-graph replays. Usage: python3 scripts/probe_dense.py OUT.json"""
-import json, sys, torch
+group sizes and KV split counts side by side, CUDA-graph replays. Usage: python3 scripts/probe_dense.py OUT.json
+(env PROBE_NS, PROBE_CS, PROBE_SPLITS narrow the sweep: "48", "8 4 2", "None 16")"""
+import json, os, sys, torch
 sys.path.insert(0, ".")
 from ssv.bench.e2e_steps import time_graph
 from ssv.bench.kernels import copy_bandwidth
@@ -15,14 +16,17 @@ for ctx in (8192, 65536, 131072):
     k = torch.randn(hkv, cap, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)
-    for n in (1, 48):
+    ns = [int(x) for x in os.environ.get("PROBE_NS", "1 48").split()]
+    cs = [int(x) for x in os.environ["PROBE_CS"].split()] if "PROBE_CS" in os.environ else None
+    splits = [None if x == "None" else int(x) for x in os.environ.get("PROBE_SPLITS", "None 16 32 64 128").split()]
+    for n in ns:
         q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
         pos = torch.arange(ctx, ctx + n, device="cuda")
         tm = torch.tril(torch.ones(n, n, device="cuda", dtype=torch.uint8))
         none = torch.full((n, hkv, 1), -1, device="cuda", dtype=torch.int32)
         floor = 2 * hkv * ctx * d * 2 / bw / 1e9 * 1e3
-        for C in ((16, 4, 1) if n == 1 else (16, 8)):
-            for S in (None, 16, 32, 64, 128):
+        for C in (cs or ((16, 4, 1) if n == 1 else (16, 8))):
+            for S in splits:
                 cnt = torch.zeros(num_counters(n, hq, hkv, C), device="cuda", dtype=torch.int32)
                 try:
                     f = lambda: nsa_verify(q, k, v, plen, pos, tm, none, 64, cap, group_size=C, n_split=S, counters=cnt)

@@ -119,10 +119,11 @@ class KernelDensePlan(_DevicePlanBase):
     def __init__(self, n: int, cache: KVCache, n_heads: int, block: int = 64):
         from ssv.ops.nsa.verify import num_counters
         hkv, dev = cache.k.shape[1], cache.k.device
-        # every query sees the whole prefix: groups of up to 16 read each tile once for all of them; a
-        # group no larger than the step, so the AR step's tile holds one query's heads (lighter
-        # programs, more of them per SM: bench/results/probe-dense-*.json)
-        self.group_size = min(16, 1 << max(0, n - 1).bit_length())
+        # every query sees the whole prefix, so a group reads each tile once for all its queries; but
+        # tiles of fewer rows stream faster (H200, Llama shape, bench/results/probe-dense-bbf0ebe.json):
+        # one query at 64K 81 us at C = 1 against 146 at C = 16 (the old default), 48 queries 320 us
+        # at C = 8 against 412 at C = 16
+        self.group_size = 1 if n == 1 else 8
         self.block, self.window = block, cache.k.shape[2]
         self._none = torch.full((n, hkv, 1), -1, device=dev, dtype=torch.int32)
         self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.group_size), device=dev, dtype=torch.int32)

@@ -28,12 +28,13 @@ class ArFallback:
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
     min_pairs: int = 16          # caught-up rows an agreement rate needs before it can end a burst
     prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
+    prime_scale: float = 1.25    # the prompt's estimate times this is compared with the break-even
 
     def __post_init__(self):
         if (self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
-                or self.prime_rows < 0):
-            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1, max_ar >= min_ar and prime_rows >= 0 "
-                             "are required")
+                or self.prime_rows < 0 or not self.prime_scale > 0):
+            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1, max_ar >= min_ar, prime_rows >= 0 "
+                             "and prime_scale > 0 are required")
         if not self.prior_break_even >= 1.0:
             raise ValueError(f"ArFallback: prior_break_even must be >= 1, got {self.prior_break_even}")
         self.reset()
@@ -98,13 +99,15 @@ class ArFallback:
         """Before the first round, the head's agreement with the prompt's own last rows (the
         drafter's prefill commit counts it, `Eagle3Drafter.commit(agree=...)`): when even that text
         would not pay a round, decoding starts with a burst, so no round is spent to learn it.
-        The target's continuation is more predictable than most prompts (default head: prompt
-        estimates below the measured MAL, bench/results/fallback-prior-cpu.json), so an estimate
-        that pays starts speculating as before."""
+        The target's own continuation is more predictable than most prompts: on the H200 e2e
+        prompts (default head, 3 families at 1K-8K) the measured MAL was 0.90-1.60x the prompt's
+        estimate, median 1.33x (bench/results/e2e-cuda.json, `agreements[0]` beside the
+        no-fall-back rows). A burst on a text that pays costs far more (up to `min_ar` slow steps)
+        than two rounds on one that does not, so the estimate is scaled up (`prime_scale`)."""
         if pairs < self.min_pairs or self.rounds or self.ar_steps:
             return
         be = self.break_even()
-        if self.expected_length(top1, topk, pairs, depth) < be:   # as a failed probe: a burst, then doubled
+        if self.prime_scale * self.expected_length(top1, topk, pairs, depth) < be:   # as a failed probe
             self.ar_left = self.backoff
             self.bursts.append((0, self.backoff, None, be))
             self.backoff = min(2 * self.backoff, self.max_ar)

@@ -199,9 +199,12 @@ def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
 
 
 def test_policy_prime_starts_with_a_burst_only_when_the_prompt_would_not_pay():
-    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
+    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.0)
     f.prime(6, 12, 31, depth=6)                    # 1.48 < 2.5: a burst first, as after a failed probe
     assert f.ar_left == 4 and f.backoff == 8 and f.bursts[0][:3] == (0, 4, None)
+    h = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.75)
+    h.prime(6, 12, 31, depth=6)                    # 1.75 x 1.48 >= 2.5: the prompt's estimate scaled up pays
+    assert not h.use_ar()
     g = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
     g.prime(15, 26, 31, depth=6)                   # 2.61 >= 2.5: speculation from the start
     assert not g.use_ar() and not g.bursts and g.backoff == 4
@@ -210,8 +213,9 @@ def test_policy_prime_starts_with_a_burst_only_when_the_prompt_would_not_pay():
     g.observe_spec(1, 1.0)
     g.prime(1, 2, 31, depth=6)                     # only before the first step
     assert not g.use_ar()
-    with pytest.raises(ValueError, match="prime_rows"):
-        ArFallback(prime_rows=-1)
+    for bad in (dict(prime_rows=-1), dict(prime_scale=0.0)):
+        with pytest.raises(ValueError, match="prime"):
+            ArFallback(**bad)
 
 
 def test_commit_agreement_counts_the_heads_hits_on_the_prompts_last_rows():

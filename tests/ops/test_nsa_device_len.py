@@ -84,3 +84,34 @@ def test_dense_attention_on_the_verify_kernel(case, split):
                          out=torch.full_like(q, float("nan")).to(DEV), n_split=split)
     assert rel_err(o, want) < tol(dtype)
 
+
+
+def test_step_table_recorded_selections_replace_the_routings_output():
+    """`ssv bench e2e`'s step table: a plan under `recorded_selections` still routes, but its verify
+    reads the given selections: its output equals the verify kernel's on them, not the routed plan's."""
+    from ssv.attention import VerifyOptions
+    from ssv.attention_device import device_plan
+    from ssv.bench.e2e_steps import fill_cache, recorded_selections
+    from ssv.bench.kernels import synthetic_selection
+    from ssv.engine.runner import Runner
+    from ..conftest import make_tiny_model
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=16)
+    r = Runner(make_tiny_model(0, n_layers=1), attention="nsa", nsa=cfg, max_len=200)
+    fill_cache(r, 150, torch.Generator().manual_seed(0))
+    n, c = 5, r.cache
+    pos = c.dlen.long() + torch.tensor([0, 1, 1, 2, 3])
+    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
+                        dtype=torch.bool)
+    sel = synthetic_selection(pos, 2, cfg, 0.5, torch.Generator().manual_seed(1)).to(torch.int32)
+    q = torch.randn(n, 4, 16, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for recorded in (False, True):
+        plan = device_plan("nsa", cfg, VerifyOptions(4), n, c, 4, True)
+        if recorded:
+            plan = recorded_selections(plan, sel)
+        plan.plan(c.dlen, pos, mask)
+        outs.append(plan.run(0, q, c))
+    want, _, _ = nsa_verify(q, c.k[0], c.v[0], c.dlen, pos, mask.to(torch.uint8), sel, cfg.slc_block, cfg.window,
+                            group_size=4)
+    torch.testing.assert_close(outs[1], want)
+    assert not torch.allclose(outs[0], outs[1])

@@ -21,9 +21,11 @@ from ssv.ops.utils import ctas_per_sm, pow2, sm_limits
 # splits (Llama, 64 queries), down to 0.65x where a program merges 8-16 splits alone (4-16 queries,
 # nsa-1b). So by default it folds at most FOLD_MAX_SPLITS.
 FOLD_MAX_SPLITS = 2
-# KV splits bind only where a few programs stream a long prefix: the dense AR step (8 programs at
-# the Llama shape) needs ~4 per SM to reach the copy bandwidth (bench/results/probe-dense-*.json)
-MAX_SPLITS = 64
+# KV splits bind only where a few programs stream a long prefix, as the dense AR step's 8 (Llama
+# shape, one query, C = 1; H200, bench/results/probe-dense-bbf0ebe.json): 16 / 32 / 64 / 128
+# splits 21.2 / 18.8 / 23.2 / 40.1 us at 8K, 81.4 / 80.4 / 92.5 / 125.6 at 64K, 147.3 / 149.1 /
+# 166.0 / 214.8 at 128K
+MAX_SPLITS = 32
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
