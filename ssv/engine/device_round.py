@@ -231,6 +231,8 @@ class DeviceEngine:
         """After a host prefill: hand the committed lengths and the first token to the device; seed
         the round's coins."""
         self.runner.cache.sync_device()
+        if self.ring is not None:   # an earlier generation may have ended inside an AR burst
+            self.ring.discard()
         self.tok.fill_(int(token))
         self.gen.manual_seed(int(seed))
 

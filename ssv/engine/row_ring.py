@@ -60,6 +60,14 @@ class RowRing:
             self.agree[2] += pair.sum()
         self.cnt.zero_()
 
+    def discard(self) -> None:
+        """Drop the rows not yet committed (a new generation starts: they belong to the last one)."""
+        self.cnt.zero_()
+        if self.agree is not None:
+            self.agree.zero_()
+        self.pending = 0
+        self._unread = False
+
     def committed(self) -> None:
         """After a catch-up ran (host side)."""
         self.drafter.advance_host(self.pending)

@@ -91,6 +91,35 @@ def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(
     assert torch.equal(d.slot_pos, ref.slot_pos)
 
 
+def test_a_generation_ending_inside_a_burst_leaves_nothing_for_the_next():
+    """The engine's ring rows of a generation cut short inside an AR burst are dropped at the next
+    start: the next generation's drafter holds exactly its own rows, and it drafts as a fresh one."""
+    target = draft_target()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(3, target.cfg.vocab_size, (41,), generator=torch.Generator().manual_seed(3)).tolist()
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    eng = DeviceEngine(r, d)
+    opts = SpecOptions(tree=TreeSpec(3, 2, 6))
+
+    def bursts():
+        fb = ArFallback(window=1, min_ar=30, max_ar=30, prior_break_even=50.0)
+        fb.break_even = lambda: 50.0
+        return fb
+    generate_spec(r, d, prompt, GREEDY, 12, opts=opts, engine=eng, fallback=bursts())   # ends mid-burst
+    assert eng.ring.pending > 0
+    res = generate_spec(r, d, prompt[:30], GREEDY, 20, opts=opts, engine=eng, fallback=bursts())
+    eng.catch_up()
+    assert int(d.dlen) == d.length == r.length
+    fresh_d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    r2 = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    fresh_eng = DeviceEngine(r2, fresh_d)
+    fresh = generate_spec(r2, fresh_d, prompt[:30], GREEDY, 20, opts=opts, engine=fresh_eng, fallback=bursts())
+    fresh_eng.catch_up()
+    assert res.token_ids == fresh.token_ids
+    assert res.stats["fallback"]["agreements"] == fresh.stats["fallback"]["agreements"]
+    torch.testing.assert_close(d.dlogp_buf, fresh_d.dlogp_buf)
+
+
 def test_policy_agreement_ends_a_burst_without_a_probe():
     f = ArFallback(window=1, min_ar=64, max_ar=64, prior_break_even=2.5, min_pairs=16)
     f.observe_agreement(30, 31, 31, depth=6)      # not in a burst: no effect
