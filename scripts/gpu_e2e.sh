@@ -35,7 +35,7 @@ case "${1:?call number}" in
     bash scripts/train_draft_gpu.sh assemble
     timeout 560 python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
         --contexts ${CONTEXTS:-4096 1024 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
-        --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" 2>&1 | tail -60
+        --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" "${@:2}" 2>&1 | tail -60
     ;;
 esac
 cp "$OUTD"/e2e-cuda.json "$OUTD"/e2e-cuda.png "$OUTD"/e2e-tests-h200.log /tmp/e2e/ 2>/dev/null || true
