@@ -96,14 +96,14 @@ def test_step_table_recorded_selections_replace_the_routings_output():
     from ssv.engine.runner import Runner
     from ..conftest import make_tiny_model
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=16)
-    r = Runner(make_tiny_model(0, n_layers=1), attention="nsa", nsa=cfg, max_len=200)
-    fill_cache(r, 150, torch.Generator().manual_seed(0))
+    r = Runner(make_tiny_model(0, n_layers=1).to(DEV), attention="nsa", nsa=cfg, max_len=200)
+    fill_cache(r, 150, torch.Generator(device=DEV).manual_seed(0))
     n, c = 5, r.cache
-    pos = c.dlen.long() + torch.tensor([0, 1, 1, 2, 3])
+    pos = c.dlen.long() + torch.tensor([0, 1, 1, 2, 3], device=DEV)
     mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
-                        dtype=torch.bool)
-    sel = synthetic_selection(pos, 2, cfg, 0.5, torch.Generator().manual_seed(1)).to(torch.int32)
-    q = torch.randn(n, 4, 16, generator=torch.Generator().manual_seed(2))
+                        dtype=torch.bool, device=DEV)
+    sel = synthetic_selection(pos.cpu(), 2, cfg, 0.5, torch.Generator().manual_seed(1)).to(DEV, torch.int32)
+    q = torch.randn(n, 4, 16, generator=torch.Generator().manual_seed(2)).to(DEV)
     outs = []
     for recorded in (False, True):
         plan = device_plan("nsa", cfg, VerifyOptions(4), n, c, 4, True)
