@@ -371,7 +371,7 @@ def random_head(tmp_path_factory, default_model):
 
 
 @pytest.mark.parametrize("mode_args", [["--mode", "sd-naive"],
-                                       ["--mode", "ssv", "--group-size", "4", "--traversal", "dfs"]])
+                                       ["--mode", "ssv", "--group-size", "4", "--traversal", "dfs", "--no-fallback"]])
 def test_generate_speculative_modes_equal_ar(capsys, fast_default, random_head, mode_args):
     prompt = random.Random(fresh_seed()).choice(["Say hello.", "Name three colors.", "What is rain?"])
     base = ["generate", "--prompt", prompt, "--json", "--max-new-tokens", 10]
@@ -434,7 +434,7 @@ def test_shipped_head_speculates_losslessly(capsys, fast_default):
         pytest.skip("no shipped head in this checkout")
     base = ["generate", "--prompt", "Explain what a linked list is.", "--json", "--max-new-tokens", 24]
     ar = json.loads(succeeds(base, capsys)[0])
-    out = json.loads(succeeds(base + ["--mode", "ssv", "--tree-tokens", 24], capsys)[0])
+    out = json.loads(succeeds(base + ["--mode", "ssv", "--tree-tokens", 24, "--no-fallback"], capsys)[0])
     assert out["token_ids"] == ar["token_ids"]
     assert out["stats"]["mean_accepted_length"] > 1.3  # a trained head, not a random one
 
@@ -452,3 +452,23 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
         assert out["token_ids"] == ar["token_ids"]
         depth[name] = len(out["stats"]["acceptance_by_depth"])
     assert depth == {"ssv": 3, "sd-naive": 6, "explicit": 2}
+
+
+def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
+    """On the CPU's small tree the fall-back compares the prompt's estimate with the CPU's break-even
+    (1.3), elsewhere with 2.0; a random head's drafts do not pay on a long prompt, so decoding is AR
+    from the first step, the output is ar's, and stderr says why no round ran (no MAL of 0)."""
+    from types import SimpleNamespace
+
+    from ssv.engine.spec import SpecOptions
+    from ssv.spec.tree import TreeSpec
+    cpu = SimpleNamespace(device="cpu")
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == cli.CPU_BREAK_EVEN
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == 2.0
+    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == 2.0
+    prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
+    base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
+    ar = succeeds(base + ["--json"], capsys)[0]
+    out, err = succeeds(base + ["--mode", "ssv", "--draft", random_head], capsys)
+    assert out.strip() == json.loads(ar)["text"].strip()
+    assert "0 rounds" in err and "drafts would accept" in err and "mean accepted length" not in err
