@@ -133,9 +133,9 @@ def _engine(args, runner, drafter=None):
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREE = (3, 3, 4)
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
-# costs ~2.1 AR steps (bench/results/e2e-cuda.json); the CPU's 4-node round 1.05-1.37 (its MAL over
-# its speedup at 1K, bench/results/spec-cpu-small-trees.json), so there the prompt's estimate is
-# compared with 1.3, not 2.0.
+# costs ~2.1 AR steps (bench/results/e2e-cuda.json); the CPU's 4-node round 1.05-1.51 (its MAL over
+# its speedup: spec-cpu-small-trees.json at 1K, spec-cpu-2k-3x3x4.json at 2K; 1.00-1.01 timed online
+# on make demo's prompt, demo-cpu.json), so there the prompt's estimate is compared with 1.3, not 2.0.
 CPU_BREAK_EVEN = 1.3
 
 
