@@ -68,7 +68,7 @@ def test_device_length_route_and_verify_match_reference(case, fused):
     assert rel_err(o, ref.o) < tol(dtype)
 
 
-@pytest.mark.parametrize("split", [None, 24])
+@pytest.mark.parametrize("split", [None, 12])
 @pytest.mark.parametrize("case", [(0, 150, 7, 2, 3, 16), (1, 0, 5, 1, 2, 32), (2, 200, 1, 2, 4, 16)])
 def test_dense_attention_on_the_verify_kernel(case, split):
     """A window over the whole cache and no selected blocks is dense attention (KernelDensePlan); also
