@@ -107,7 +107,7 @@ class Eagle3Drafter:
         emb = self.embed(toks).to(self.dtype)
         mid, W = self.head.midlayer, self.window
         k_agree, tail = int(agree[0]), n - int(agree[1])
-        hits = torch.zeros(2, dtype=torch.long, device=self.device)
+        hits = torch.zeros(2, dtype=torch.long, device=self.device) if k_agree > 0 else None
         out = None
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
@@ -125,9 +125,7 @@ class Eagle3Drafter:
                 # row i predicts toks[i + 1]: the last row has no pair yet
                 lo, hi = max(c0, tail, 0), min(c1, n - 1)
                 if hi > lo:
-                    kk = min(k_agree, self.vocab_ids.numel())
-                    pred = self.vocab_ids[self.head.draft_logits(out[lo - c0:hi - c0]).topk(kk, -1).indices]
-                    hit = pred == toks[lo + 1:hi + 1, None]                  # [m, k]
+                    hit = self._drafts(out[lo - c0:hi - c0], k_agree) == toks[lo + 1:hi + 1, None]   # [m, k]
                     hits += torch.stack([hit[:, 0].sum(), hit.any(-1).sum()])
         if k_agree > 0:
             h1, hk = hits.tolist()
@@ -215,8 +213,13 @@ class Eagle3Drafter:
         self.dlogp_buf.copy_(self.head.draft_logp(last)[0])
         self.dlen += n
         if predict:
-            return self.vocab_ids[self.head.draft_logits(out).topk(int(predict), -1).indices]
+            return self._drafts(out, int(predict))
         return None
+
+    def _drafts(self, out: torch.Tensor, k: int) -> torch.Tensor:
+        """Each row's k first draft choices of the token after it [R, k] (target ids, best first)."""
+        k = min(k, self.vocab_ids.numel())
+        return self.vocab_ids[self.head.draft_logits(out).topk(k, -1).indices]
 
     def advance_host(self, n: int) -> None:
         """Device rounds committed n rows: the host's count follows (no copy)."""

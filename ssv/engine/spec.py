@@ -104,9 +104,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     # with a fall-back, the head's agreement with the prompt's last rows decides the first step
     # (a planner's strategies differ per round: no single tree to estimate for)
     prime = fallback is not None and opts is not None and fallback.prime_rows > 0 and hasattr(drafter, "agreement")
-    root_logp = (drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]),
-                                agree=(opts.tree.top_k, fallback.prime_rows + 1))
-                 if prime else drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root])))
+    agree = {"agree": (opts.tree.top_k, fallback.prime_rows + 1)} if prime else {}
+    root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]), **agree)
     fast = engine is not None
     if fast:
         if engine.runner is not runner or engine.drafter is not drafter:
