@@ -25,8 +25,10 @@ demo: install
 	$(BIN)/ssv generate --model default --attention nsa --mode ssv --chat --max-new-tokens 48 \
 		--prompt "$(PROMPT)"
 
+# the interpreter-bound tests are single-threaded (tests/conftest.py sets one torch thread): one
+# worker a core (pytest-xdist)
 test: install-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(shell nproc 2>/dev/null || echo 2)
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -m slow

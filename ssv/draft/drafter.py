@@ -54,6 +54,7 @@ class Eagle3Drafter:
         self.vocab_ids = self.head.target_ids()
         self._scratch = None        # the last expansion's (keys, values, features) scratch
         self._scratches: dict = {}
+        self._row_ids: dict = {}    # constant index ranges of the fused expansion (made once)
         self.reset()
 
     def reset(self) -> None:
@@ -135,6 +136,7 @@ class Eagle3Drafter:
         return self._keep_last(out)
 
     # ------------------------------------------------------------------ the device round
+    @torch.no_grad()
     def expand_rows(self, level: int, tokens: torch.Tensor, parent_rows: torch.Tensor,
                     path_rows: torch.Tensor) -> torch.Tensor:
         """`ssv.spec.device.grow_tree`'s expand: the frontier of `level` (depth level - 1) through the
@@ -150,17 +152,16 @@ class Eagle3Drafter:
                 torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
                 torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device))
         self._scratch = self._scratches[rows]
+        if self.fused:
+            return self._expand_fused(level, tokens, parent_rows, path_rows)
         sk, sv, hid = self._scratch
         own = path_rows[:, level - 2]                                # this level's rows
         feat = torch.where((parent_rows < 0)[:, None], self.hid_buf[None], hid[parent_rows.clamp_min(0)])
         pos = (self.dlen - 1) + (level - 1)                          # [1]: every frontier node's position
         cos, sin = self.head.rope(pos.expand(f))
         emb = self.embed(tokens).to(self.dtype)
-        if self.fused:
-            q = mid.qkv_write(emb, feat, cos, sin, sk, sv, own)
-        else:
-            q, k, v = mid.qkv(emb, feat, cos, sin)
-            sk[own], sv[own] = k, v
+        q, k, v = mid.qkv(emb, feat, cos, sin)
+        sk[own], sv[own] = k, v
         # ancestors at depth j + 1 (column j) are visible when within the window, as in `propose`
         cols = torch.arange(depth, device=self.device)
         ok = (path_rows >= 0) & ((level - 1) - (cols[None] + 1) < W)
@@ -168,8 +169,36 @@ class Eagle3Drafter:
         scr = scr.scatter_add_(1, path_rows.clamp_min(0), ok.to(torch.int32)) > 0   # padding adds 0
         ring = self.slot_pos[:W]
         vis = torch.cat([((ring >= 0) & (ring > pos - W))[None].expand(f, W), scr], 1)
-        out = self._attend(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis, feat)
+        out = mid.finish(masked_attention(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis), feat)
         hid[own] = out
+        return self.head.draft_logp(out)
+
+    def _expand_fused(self, level: int, tokens, parent_rows, path_rows) -> torch.Tensor:
+        """`expand_rows` in ~15 launches where the tensor form takes ~50 (the CUDA round): the
+        level's rows are the contiguous range (level - 2) * F.. (grow_tree's layout), the children of
+        the root (level 2) all take the last committed feature and the others their parent's row,
+        the level positions' RoPE is made once a round (at level 2), and the attention is one
+        kernel (ssv/ops/draft_attn) over the ring and each node's path rows."""
+        from ssv.ops.draft_attn.ops import draft_attn
+        mid, W = self.head.midlayer, self.window
+        f, depth = tokens.numel(), path_rows.shape[1]
+        sk, sv, hid = self._scratch
+        lo = (level - 2) * f
+        rows = self._row_ids.get(sk.shape[0])
+        if rows is None:   # made on the first (eager) call, before any capture
+            rows = self._row_ids[sk.shape[0]] = torch.arange(sk.shape[0], device=self.device)
+        if level == 2:
+            feat = self.hid_buf[None].expand(f, -1)
+            offs = self._row_ids.get(("levels", depth))
+            if offs is None:
+                offs = self._row_ids[("levels", depth)] = torch.arange(depth, device=self.device)
+            self._level_rope = self.head.rope(self.dlen + offs)   # levels 2.. at P + 1.. (P = dlen - 1)
+        else:
+            feat = hid[parent_rows]
+        cos, sin = (t[level - 2:level - 1] for t in self._level_rope)
+        q = mid.qkv_write(self.embed.weight, tokens, feat, cos, sin, sk, sv, rows[lo:lo + f])
+        a = draft_attn(q, self.k, self.v, self.slot_pos, sk, sv, path_rows, self.dlen, level, W)
+        out = mid.finish_fused(a, feat, out=hid[lo:lo + f])
         return self.head.draft_logp(out)
 
     def _attend(self, q, k, v, vis, residual) -> torch.Tensor:
@@ -188,16 +217,19 @@ class Eagle3Drafter:
         R, W = tokens.numel(), self.window
         feats = torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))
-        pos = self.dlen + torch.arange(R, device=self.device)
-        real = torch.arange(R, device=self.device) < n
+        ar = self._row_ids.get(("commit", R))
+        if ar is None:   # made once (the first call runs eagerly, before a capture)
+            ar = self._row_ids[("commit", R)] = torch.arange(R, device=self.device)
+        pos = self.dlen + ar
+        real = ar < n
         cos, sin = self.head.rope(pos)
-        emb, mid = self.embed(tokens).to(self.dtype), self.head.midlayer
+        mid = self.head.midlayer
         if self.fused:
             k = torch.empty(R, *self.k.shape[1:], dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
-            q = mid.qkv_write(emb, hidden, cos, sin, k, v, torch.arange(R, device=self.device))
+            q = mid.qkv_write(self.embed.weight, tokens, hidden, cos, sin, k, v, ar)
         else:
-            q, k, v = mid.qkv(emb, hidden, cos, sin)
+            q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, cos, sin)
         ring = self.slot_pos[:W]
         vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
         vis_new = (pos[None] <= pos[:, None]) & real[None]

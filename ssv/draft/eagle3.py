@@ -82,22 +82,27 @@ class Eagle3Layer(nn.Module):
 
     # the fused twins of qkv / finish (the target's glue kernels: ~7 launches where the eager
     # layer takes ~50), for the device round's fixed shapes; tests compare them with the eager ones
-    def qkv_write(self, emb, hidden, cos, sin, k_buf, v_buf, slots) -> torch.Tensor:
-        """qkv, with k and v stored at rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]."""
+    def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots) -> torch.Tensor:
+        """qkv of the rows (token embedding rows `tokens` of embed_w, hidden), with k and v stored at
+        rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. The two norms write the
+        halves of one buffer, the first gathering the embedding rows: no lookup or concatenation
+        launch of their own."""
         from ssv.ops.glue.ops import rmsnorm, rope_write
-        c, a = self.c, self.self_attn
-        x = torch.cat([rmsnorm(emb, self.input_layernorm.weight, self.input_layernorm.eps),
-                       rmsnorm(hidden, self.hidden_norm.weight, self.hidden_norm.eps)], -1)
+        c, a, h = self.c, self.self_attn, hidden.shape[1]
+        x = torch.empty(hidden.shape[0], 2 * h, device=hidden.device, dtype=hidden.dtype)
+        rmsnorm(embed_w, self.input_layernorm.weight, self.input_layernorm.eps, out=x[:, :h], rows=tokens)
+        rmsnorm(hidden, self.hidden_norm.weight, self.hidden_norm.eps, out=x[:, h:])
         w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
         return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
                           k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots)
 
-    def finish_fused(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def finish_fused(self, attn: torch.Tensor, residual: torch.Tensor, out=None) -> torch.Tensor:
+        """`finish` through the glue kernels; out: where the feature is written (a scratch range)."""
         from ssv.ops.glue.ops import rmsnorm, swiglu
         m, n = self.mlp, self.post_attention_layernorm
         h = torch.addmm(residual, attn.to(residual.dtype), self.self_attn.o_proj.weight.t())
         gu = F.linear(rmsnorm(h, n.weight, n.eps), _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
-        return torch.addmm(h, swiglu(gu), m.down_proj.weight.t())
+        return torch.addmm(h, swiglu(gu), m.down_proj.weight.t(), out=out)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -162,7 +167,11 @@ class Eagle3Head(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if fused_glue(hidden):
             from ssv.ops.glue.ops import rmsnorm
-            return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)).float()
+            x = rmsnorm(hidden.contiguous(), self.norm.weight, self.norm.eps)
+            if x.dtype in (torch.bfloat16, torch.float16):
+                # the GEMM's fp32 accumulator kept (as the target's head): no rounding, no cast launch
+                return torch.mm(x, self.lm_head.weight.t(), out_dtype=torch.float32)
+            return self.lm_head(x).float()
         return linear(self.norm(hidden), self.lm_head.weight).float()
 
     def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:

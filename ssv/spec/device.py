@@ -60,6 +60,17 @@ def _stable_top(x: torch.Tensor, k: int):
     return vals[..., :k], idx[..., :k]
 
 
+def _children(lp: torch.Tensor, k: int, ids: Optional[torch.Tensor]):
+    """A level's children: `_vocab_top` with values capped at 0 and indices mapped to token ids
+    (`ids`, or the indices themselves); on CUDA both inside the top-k launch."""
+    if lp.is_cuda and lp.dim() == 2:
+        from ssv.ops.topk.ops import MAX_V, vocab_topk
+        if lp.shape[-1] <= MAX_V:
+            return vocab_topk(lp.contiguous(), k, ids, clamp=True)
+    v, t = _vocab_top(lp, k)
+    return v.clamp_max(0.0), (t if ids is None else ids[t])
+
+
 def _vocab_top(lp: torch.Tensor, k: int):
     """`_stable_top` over vocabulary rows of float32 log-probs: on CUDA one Triton launch
     (ssv/ops/topk), or for rows past its size one top-k of an int64 key that orders by value, then
@@ -96,31 +107,29 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     if T == 1:
         return _kept(tok, par, score, T)
     # level 1: the root's children, proposed lowest token id first on equal log-probs
-    v1, t1 = _vocab_top(root_logp.reshape(1, -1), k)
-    v1 = v1.clamp_max(0.0)
-    t1 = t1 if ids is None else ids[t1]
+    v1, t1 = _children(root_logp.reshape(1, -1), k, ids)
     # no Python scalars assigned into device tensors: that is a host copy, which a graph cannot hold
     tok[1:1 + k], score[1:1 + k] = t1[0], v1[0]
     par[1:1 + k].zero_()
     front = torch.arange(1, 1 + k, device=dev)                  # pool ids, by descending score
     f_rows = torch.full((k, D), -1, dtype=torch.long, device=dev)  # ancestors' rows of each frontier node
     f_parent = torch.full((k,), -1, dtype=torch.long, device=dev)
+    all_rows = torch.arange(max(1, (D - 1) * k), device=dev)
     base = 1 + k
+    # level t's candidates are the pool's contiguous range [base, base + k * k): slices, not scatters
     for t in range(2, D + 1):
-        rows = (t - 2) * k + torch.arange(k, device=dev)
+        rows = all_rows[(t - 2) * k:(t - 1) * k]
         f_rows[:, t - 2] = rows
-        vals, toks = _vocab_top(expand(t, tok[front], f_parent, f_rows), k)   # [k, k] of [k, V]
-        vals = vals.clamp_max(0.0)
-        toks = toks if ids is None else ids[toks]
-        cand = base + torch.arange(k * k, device=dev)
-        tok[cand] = toks.reshape(-1)
-        par[cand] = front[:, None].expand(k, k).reshape(-1)
-        cs = (score[front][:, None] + vals).reshape(-1)
-        score[cand] = cs
+        vals, toks = _children(expand(t, tok[front], f_parent, f_rows), k, ids)   # [k, k] of [k, V]
+        kk = slice(base, base + k * k)
+        tok[kk] = toks.reshape(-1)
+        par[kk].view(k, k).copy_(front[:, None].expand(k, k))
+        cs = torch.add(score[front][:, None], vals, out=score[kk].view(k, k)).view(-1)
         _, best = _stable_top(cs, k)                              # next frontier, ties: creation order
-        front = cand[best]
-        f_parent = rows[best // k]
-        f_rows = f_rows[best // k].clone()
+        front = best + base
+        src = best // k
+        f_parent = rows[src]
+        f_rows = f_rows[src]
         base += k * k
     return _kept(tok, par, score, T, k)
 
@@ -143,13 +152,14 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[T, T] bool: mask[q, s] iff s is q or an ancestor of q (tree_metadata's mask)."""
     n = parents.numel()
     ar = torch.arange(n, device=parents.device)
-    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
-    cur = ar
-    for _ in range(max_depth + 1):
-        ok = cur >= 0
-        mask[ar, cur.clamp_min(0)] |= ok
-        cur = torch.where(ok, parents[cur.clamp_min(0)], cur)
-    return mask
+    # up[q, j]: q's ancestor j levels up, -1 past the root: a parents table with a trailing -1, so
+    # that indexing it at -1 (the last entry) stays -1 -- one launch a level
+    up_of = torch.cat([parents, parents.new_full((1,), -1)])
+    cols = [ar]
+    for _ in range(max_depth):
+        cols.append(up_of[cols[-1]])
+    up = torch.stack(cols, 1)                                                  # [T, D + 1]
+    return (up[:, :, None] == ar[None, None, :]).any(1)
 
 
 def sibling_rank(tree: DeviceTree) -> torch.Tensor:

@@ -26,16 +26,20 @@ def test_policy_bursts_double_and_reset_when_a_probe_pays():
         assert f.use_ar()
         f.observe_ar(0.5)
     assert not f.use_ar()
-    f.observe_spec(1, 1.0)                    # the probe fails: a doubled burst
+    f.observe_spec(1, 1.0)                    # the probe's first round: judged with the next, not
+    assert not f.use_ar()                     # with the failed round before the burst
+    f.observe_spec(2, 1.0)                    # the probe's mean 1.5 < 2 (now timed) fails: a doubled burst
     assert f.ar_left == 8
     for _ in range(8):
         f.observe_ar(0.5)
+    f.observe_spec(1, 1.0)
+    assert not f.use_ar()
     f.observe_spec(7, 1.0)                    # mean (1 + 7) / 2 = 4 pays: speculation resumes
     assert not f.use_ar() and f.backoff == 4
     # timed: the first sample of each kind is dropped (a capture), then medians
     assert f.break_even() == pytest.approx(1.0 / 0.5)
     s = f.summary()
-    assert s["ar_steps"] == 12 and s["spec_rounds"] == 4 and [b["steps"] for b in s["bursts"]] == [4, 8]
+    assert s["ar_steps"] == 12 and s["spec_rounds"] == 6 and [b["steps"] for b in s["bursts"]] == [4, 8]
 
 
 def test_policy_caps_bursts_and_uses_the_prior_until_timed():

@@ -22,6 +22,40 @@ def test_rmsnorm_matches_naive(n, d):
     torch.testing.assert_close(rmsnorm(x, w, 1e-5), rmsnorm_naive(x, w, 1e-5), **TOL)
 
 
+def test_rmsnorm_gathers_rows_into_a_column_range():
+    """rows= normalises x[rows] (an embedding lookup folded in); out= writes a column range of a
+    wider buffer and nothing else (the drafter's [N, 2H] input without a concatenation)."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(30, 48, generator=g) * 3).to(DT).to(DEV)
+    w = (1 + 0.1 * torch.randn(48, generator=g)).to(DT).to(DEV)
+    rows = torch.tensor([7, 0, 29, 7], device=DEV)
+    buf = torch.full((4, 96), float("nan"), dtype=DT, device=DEV)
+    got = rmsnorm(x, w, 1e-5, out=buf[:, 48:], rows=rows)
+    assert got.data_ptr() == buf[:, 48:].data_ptr() and buf[:, :48].isnan().all()
+    torch.testing.assert_close(buf[:, 48:], rmsnorm_naive(x[rows], w, 1e-5), **TOL)
+    # a broadcast row (stride 0) in, as the drafter's level-2 feature
+    one = rmsnorm(x[3][None].expand(5, 48), w, 1e-5)
+    torch.testing.assert_close(one, rmsnorm_naive(x[3:4], w, 1e-5).expand(5, 48), **TOL)
+    with pytest.raises(ValueError, match="rmsnorm: out"):
+        rmsnorm(x, w, 1e-5, out=buf[:, 48:])
+
+
+def test_rope_write_with_one_shared_position():
+    g = torch.Generator().manual_seed(9)
+    n, hq, hkv, d = 3, 4, 2, 16
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=g).to(DT).to(DEV)
+    f = 37.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = torch.cat([f, f])[None].cos().to(DEV), torch.cat([f, f])[None].sin().to(DEV)
+    slots = torch.tensor([4, 1, 6], device=DEV)
+    caches = [torch.zeros((hkv, 8, d), dtype=DT, device=DEV) for _ in range(4)]
+    q = rope_write(qkv, cos, sin, hq, hkv, caches[0], caches[1], slots)
+    q_ref = rope_write_naive(qkv, cos.expand(n, d), sin.expand(n, d), hq, hkv, caches[2], caches[3], slots)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(caches[0], caches[2], **TOL)
+    with pytest.raises(ValueError, match="rope_write: cos"):
+        rope_write(qkv, cos.expand(2, d), sin.expand(2, d), hq, hkv, caches[0], caches[1], slots)
+
+
 @pytest.mark.parametrize("n,i", [(1, 64), (5, 100), (2, 1536)])
 def test_swiglu_matches_naive(n, i):
     g = torch.Generator().manual_seed(i)

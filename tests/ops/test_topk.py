@@ -23,8 +23,22 @@ def test_vocab_topk_matches_stable_sort(r, v, k):
     assert torch.equal(cpu_i, want_i.cpu())
 
 
+def test_vocab_topk_maps_ids_and_clamps():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 300, generator=g)
+    x[:, 5] = 0.25                                   # above 0: capped
+    id_map = torch.randperm(1000, generator=g)[:300].sort().values
+    x, id_map = x.to(DEV), id_map.to(DEV)
+    want_v, want_i = vocab_topk_naive(x, 6, id_map, clamp=True)
+    got_v, got_i = vocab_topk(x, 6, id_map, clamp=True)
+    assert torch.equal(got_i, want_i) and torch.equal(got_v, want_v) and (got_v <= 0).all()
+    assert torch.equal(want_i, id_map[vocab_topk_naive(x, 6)[1]])
+
+
 def test_vocab_topk_refuses_bad_shapes():
     with pytest.raises(ValueError, match="vocab_topk"):
         vocab_topk(torch.zeros(2, 5, device=DEV), 6)
     with pytest.raises(ValueError, match="vocab_topk"):
         vocab_topk(torch.zeros(2, 20000, device=DEV), 4)
+    with pytest.raises(ValueError, match="id_map"):
+        vocab_topk(torch.zeros(2, 50, device=DEV), 4, torch.arange(49, device=DEV))

@@ -6,11 +6,13 @@ import triton.language as tl
 
 
 @triton.jit
-def rmsnorm_fwd_kernel(x, w, y, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr):
+def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr, GATHER: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
+    # GATHER: output row i normalises input row rows[i] (an embedding lookup folded in)
+    i_x = tl.load(rows + i).to(tl.int64) if GATHER else i
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    b_x = tl.load(x + i * s_x + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_x = tl.load(x + i_x * s_x + o_d, mask=m_d, other=0.0).to(tl.float32)
     b_r = tl.math.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
     # normalized in fp32, rounded to the activations' dtype, then scaled (as RMSNorm.forward does)
     b_n = (b_x * b_r).to(y.dtype.element_ty).to(tl.float32)

@@ -7,23 +7,31 @@ import triton
 from ssv.ops.glue.kernels import rmsnorm_fwd_kernel, rope_write_fwd_kernel, swiglu_fwd_kernel
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [N, D] -> RMSNorm(x) * w, one launch."""
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None, rows=None) -> torch.Tensor:
+    """x [N, D] -> RMSNorm(x) * w, one launch. rows [M] int64: normalise rows x[rows] instead (an
+    embedding lookup and its norm in one launch). out [N or M, D]: written in place (e.g. a column
+    range of a wider buffer, so that no concatenation follows); its dtype is the result's."""
     if x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],):
         raise ValueError(f"rmsnorm: x must be [N, D] with contiguous rows and w [D], got {tuple(x.shape)}, "
                          f"{tuple(w.shape)}")
-    y = torch.empty_like(x)
-    n, d = x.shape
+    n, d = (x.shape[0] if rows is None else rows.numel()), x.shape[1]
+    if out is None:
+        out = torch.empty(n, d, device=x.device, dtype=x.dtype)
+    elif out.shape != (n, d) or out.stride(1) != 1:
+        raise ValueError(f"rmsnorm: out must be [{n}, {d}] with contiguous rows, got {tuple(out.shape)}")
+    if rows is not None:
+        rows = rows.contiguous()
     if n:
-        rmsnorm_fwd_kernel[(n,)](x, w, y, float(eps), x.stride(0), y.stride(0), D=d, BD=triton.next_power_of_2(d),
-                                 num_warps=4)
-    return y
+        rmsnorm_fwd_kernel[(n,)](x, w, out, out if rows is None else rows, float(eps), x.stride(0), out.stride(0),
+                                 D=d, BD=triton.next_power_of_2(d), GATHER=rows is not None, num_warps=4)
+    return out
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) D] (one projection) -> q [N, Hq, D] with RoPE; k (RoPE) and v stored at
-    `slots` [N] of k_cache / v_cache [Hkv, L, D]. One launch instead of ~20."""
+    `slots` [N] of k_cache / v_cache [Hkv, L, D]. cos / sin [N, D], or [1, D] for one position
+    shared by every row. One launch instead of ~20."""
     n = qkv.shape[0]
     d = cos.shape[-1]
     if qkv.shape[1] != (hq + 2 * hkv) * d or qkv.stride(1) != 1 or d & (d - 1) or d < 2:
@@ -33,9 +41,12 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
         raise ValueError("rope_write: k and v caches must share shape and strides, rows contiguous")
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     slots = slots.contiguous()   # the kernel reads slots[n] at n: a strided column would be misread
+    if cos.shape != sin.shape or cos.shape[0] not in (1, n):
+        raise ValueError(f"rope_write: cos / sin must be [{n}, D] or [1, D], got {tuple(cos.shape)}")
     q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
+    s_c = cos.stride(0) if cos.shape[0] == n else 0
     if n:
-        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), cos.stride(0),
+        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), s_c,
                                               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
                                               HQ=hq, HKV=hkv, D=d, num_warps=1)
     return q

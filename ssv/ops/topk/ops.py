@@ -11,9 +11,10 @@ from ssv.ops.topk.kernels import vocab_topk_fwd_kernel
 MAX_V = 16384
 
 
-def vocab_topk(x: torch.Tensor, k: int):
+def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
     """x [R, V] (finite or -inf) -> (values [R, k] float64, ids [R, k] int64), descending, ties to the
-    lower index: `vocab_topk_naive` in one launch instead of a sort."""
+    lower index: `vocab_topk_naive` in one launch instead of a sort. id_map [V] int64: ids returned
+    as id_map[index]; clamp: values capped at 0 (both as the naive twin's arguments)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"vocab_topk: x must be [R, V] with contiguous rows, got {tuple(x.shape)}")
     r, v = x.shape
@@ -23,6 +24,9 @@ def vocab_topk(x: torch.Tensor, k: int):
     ids = torch.empty(r, k, dtype=torch.long, device=x.device)
     if r:
         bv = triton.next_power_of_2(v)
-        vocab_topk_fwd_kernel[(r,)](x, vals, ids, x.stride(0), vals.stride(0), V=v, BV=bv, K=k,
+        if id_map is not None and id_map.shape != (v,):
+            raise ValueError(f"vocab_topk: id_map must be [{v}], got {tuple(id_map.shape)}")
+        vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(), x.stride(0),
+                                    vals.stride(0), V=v, BV=bv, K=k, MAP=id_map is not None, CLAMP=bool(clamp),
                                     num_warps=8 if bv >= 4096 else 4)
     return vals, ids

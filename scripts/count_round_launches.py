@@ -1,0 +1,111 @@
+"""Launches of one speculative device round by phase (draft / verify / accept + commit), counted on
+the CPU as scripts/count_launches.py counts an AR step: Triton's interpreter, the CUDA glue and the
+fused EAGLE-3 drafter forced, the CUDA-only kernels (vocabulary top-k, accept walk) swapped in for
+their torch twins; every Triton launch and every ATen op that would be a kernel (views excluded).
+The tree is the GPU default (depth 6, top-k 8, 48 tokens); verify is counted at 4 and 6 layers (a head taps 3 distinct ones).
+Usage: python3 scripts/count_round_launches.py [label]   (JSON to $OUT or bench/results)"""
+import collections, json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, "."); sys.path.insert(0, "tests")
+import torch
+import ssv.model.layers as L, ssv.model.llama as LL, ssv.draft.eagle3 as E
+forced = lambda x: x.dim() == 2 and not torch.is_grad_enabled()
+L.fused_glue = LL.fused_glue = E.fused_glue = forced
+import ssv.spec.device as SD
+from ssv.ops.topk.ops import vocab_topk
+from ssv.ops.accept.ops import accept_greedy_walk
+SD._vocab_top = lambda lp, k: vocab_topk(lp.contiguous(), k)
+if hasattr(SD, "_children"):
+    SD._children = lambda lp, k, ids: vocab_topk(lp.contiguous(), k, ids, clamp=True)
+_acc = SD.accept_greedy_device
+SD.accept_greedy_device = lambda tree, logits, d: accept_greedy_walk(tree.parents, tree.tokens, tree.scores,
+                                                                     logits.argmax(-1), d)
+import ssv.engine.device_round as DR
+DR.accept_greedy_device = SD.accept_greedy_device
+import triton.runtime.interpreter as I  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from ssv.config import NSAConfig  # noqa: E402
+
+NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
+VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "as_strided", "unsqueeze", "squeeze", "select", "slice",
+         "alias", "permute", "reshape", "detach", "lift_fresh", "empty", "empty_like", "new_empty", "split", "unbind",
+         "empty_strided"}
+cnt, inside = collections.Counter(), [0]
+run0 = I.InterpretedFunction.run
+
+
+def run(self, *a, **k):
+    if inside[0] == 0:
+        cnt["triton:" + self.fn.__name__] += 1
+    inside[0] += 1
+    try:
+        return run0(self, *a, **k)
+    finally:
+        inside[0] -= 1
+
+
+I.InterpretedFunction.run = run
+
+
+class Count(TorchDispatchMode):
+    def __torch_dispatch__(self, f, types, a=(), k=None):
+        name = f.__name__.split(".")[0]
+        if name not in VIEWS and inside[0] == 0:
+            cnt["aten:" + name] += 1
+        return f(*a, **(k or {}))
+
+
+from conftest import make_tiny_model  # noqa: E402
+from draft.helpers import tiny_head  # noqa: E402
+from ssv.draft import Eagle3Drafter  # noqa: E402
+from ssv.engine.device_round import DeviceEngine  # noqa: E402
+from ssv.engine.runner import Runner  # noqa: E402
+from ssv.engine.spec import SpecOptions  # noqa: E402
+from ssv.spec.tree import TreeSpec  # noqa: E402
+
+
+def count(layers):
+    t = make_tiny_model(1, vocab=256, n_layers=layers, n_heads=4, n_kv_heads=2, head_dim=64, hidden=128,
+                        intermediate=256)
+    r = Runner(t, attention="nsa", nsa=NSA, max_len=400, backend="triton")
+    d = Eagle3Drafter(tiny_head(t, draft_vocab=128), t, fused=True)
+    with torch.no_grad():
+        _, taps = r.prefill(list(range(1, 60)), taps=d.taps)
+        from ssv.draft.drafter import join_prefill_taps
+        d.commit(join_prefill_taps(taps), list(range(2, 61)))
+    e = DeviceEngine(r, d, graphs=False)
+    e.start(5)
+    opts = SpecOptions(tree=TreeSpec(6, 8, 48))
+    e.spec_round(opts)
+    phases, _ = e._spec_phases(opts)
+    out = {}
+    for (name, _), body in phases:
+        cnt.clear()
+        with Count(), torch.no_grad():
+            body()
+        out[name[0] if isinstance(name, tuple) else name] = dict(cnt)
+    return out
+
+
+a, b = count(4), count(6)
+res = {}
+for ph in a:
+    if ph == "verify":
+        per = {k: (b[ph].get(k, 0) - a[ph].get(k, 0)) // 2 for k in set(a[ph]) | set(b[ph])}
+        fixed = {k: a[ph].get(k, 0) - 4 * per[k] for k in a[ph]}
+        res[ph] = {"per_layer": sum(per.values()), "fixed": sum(fixed.values()),
+                   "per_layer_ops": {k: v for k, v in per.items() if v}, "fixed_ops": {k: v for k, v in fixed.items() if v}}
+        print(f"verify: {res[ph]['per_layer']} a layer + {res[ph]['fixed']}; 30 layers: "
+              f"{30 * res[ph]['per_layer'] + res[ph]['fixed']}")
+    else:
+        res[ph] = {"total": sum(a[ph].values()), "ops": dict(sorted(a[ph].items(), key=lambda kv: -kv[1]))}
+        print(f"{ph}: {res[ph]['total']}", dict(list(res[ph]["ops"].items())[:12]))
+import datetime, triton  # noqa: E402
+from ssv.bench.kernels import _commit  # noqa: E402
+env = {"device": "cpu (Triton interpreter; counts, not times)", "torch": torch.__version__, "triton": triton.__version__,
+       "date": datetime.date.today().isoformat(), "commit": _commit(), "tree": "depth 6, top-k 8, 48 tokens"}
+label = sys.argv[1] if len(sys.argv) > 1 else (env["commit"] or "unknown")[:7]
+path = os.path.join(os.environ.get("OUT", "bench/results"), f"round-launches-{label}.json")
+with open(path, "w") as f:
+    json.dump({"env": env, "phases": res}, f, indent=1)
+print("wrote", path)

@@ -1,0 +1,42 @@
+"""Launcher of the draft level's attention (one launch where the tensor form is ~20)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ssv.ops.draft_attn.kernels import draft_attn_fwd_kernel
+
+
+def draft_attn(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring_pos: torch.Tensor,
+               k_scr: torch.Tensor, v_scr: torch.Tensor, path_rows: torch.Tensor, dlen: torch.Tensor,
+               level: int, window: int, scale=None) -> torch.Tensor:
+    """`draft_attn_naive` in one launch, graph-safe (the length is read from `dlen` on the device):
+    q [F, Hq, D]; k_ring/v_ring [>= W, Hkv, D]; ring_pos [>= W] int64; k_scr/v_scr [S, Hkv, D];
+    path_rows [F, depth] int64 (-1 padded) -> o [F, Hq * D] in q's dtype."""
+    f, hq, d = q.shape
+    hkv = k_ring.shape[1]
+    if hq % hkv or k_scr.shape[1:] != k_ring.shape[1:] or k_ring.shape[2] != d:
+        raise ValueError(f"draft_attn: q [F, Hq, D] with Hq a multiple of Hkv, "
+                         f"ring and scratch [*, Hkv, D]; got q {tuple(q.shape)}, ring {tuple(k_ring.shape)}, "
+                         f"scratch {tuple(k_scr.shape)}")
+    if k_ring.shape[0] < window or ring_pos.numel() < window or path_rows.shape[0] != f:
+        raise ValueError(f"draft_attn: the ring holds {k_ring.shape[0]} slots for a window of {window}, "
+                         f"path_rows {tuple(path_rows.shape)} for {f} queries")
+    for t in (k_ring, v_ring, k_scr, v_scr):
+        if t.stride(2) != 1:
+            raise ValueError("draft_attn: keys and values need contiguous head rows")
+    if v_ring.stride() != k_ring.stride() or v_scr.stride() != k_scr.stride():
+        raise ValueError("draft_attn: keys and values must share strides")
+    q = q if q.stride(2) == 1 else q.contiguous()
+    path_rows, ring_pos = path_rows.contiguous(), ring_pos.contiguous()
+    g = hq // hkv
+    o = torch.empty(f, hq * d, device=q.device, dtype=q.dtype)
+    if f:
+        draft_attn_fwd_kernel[(f, hkv)](
+            q, k_ring, v_ring, ring_pos, k_scr, v_scr, path_rows, dlen, o, int(level),
+            float(d ** -0.5 if scale is None else scale), q.stride(0), q.stride(1), k_ring.stride(0),
+            k_ring.stride(1), k_scr.stride(0), k_scr.stride(1), path_rows.stride(0), o.stride(0),
+            W=int(window), G=g, BM=max(16, triton.next_power_of_2(g)), D=d, BD=max(16, triton.next_power_of_2(d)),
+            BK=max(16, min(64, triton.next_power_of_2(window))), DP=path_rows.shape[1],
+            BP=max(16, triton.next_power_of_2(path_rows.shape[1])), num_warps=4)
+    return o
