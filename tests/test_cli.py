@@ -456,16 +456,17 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
 
 def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
     """On the CPU's small tree the fall-back compares the prompt's estimate with the CPU's break-even
-    (1.3), elsewhere with 2.0; a random head's drafts do not pay on a long prompt, so decoding is AR
+    (1.3), elsewhere with the default prior; a random head's drafts do not pay on a long prompt, so decoding is AR
     from the first step, the output is ar's, and stderr says why no round ran (no MAL of 0)."""
     from types import SimpleNamespace
 
     from ssv.engine.spec import SpecOptions
+    from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == cli.CPU_BREAK_EVEN
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == 2.0
-    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == 2.0
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
+    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
     base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
     ar = succeeds(base + ["--json"], capsys)[0]

@@ -22,10 +22,14 @@ from dataclasses import dataclass
 
 @dataclass
 class ArFallback:
-    window: int = 2              # rounds whose mean accepted length is compared with the break-even
+    # rounds whose mean accepted length is compared with the break-even. A burst on a text that pays
+    # costs ~10 AR steps (32 steps where ~21 steps' worth of rounds would do), an extra round on one
+    # that does not ~0.3: 2 rounds burst too often on noise (H200, 34f5d06: code 8K at MAL 2.65
+    # against a break-even of 1.74 ran 0.96x ar-nsa, 1.41x without the fall-back)
+    window: int = 4
     min_ar: int = 32             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
-    prior_break_even: float = 2.0  # round / AR-step cost ratio until both have been timed
+    prior_break_even: float = 1.8  # round / AR-step cost ratio until both are timed (H200 4K, 48 nodes: 1.82)
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
     min_pairs: int = 16          # caught-up rows an agreement rate needs before it can end a burst
     prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
