@@ -112,7 +112,7 @@ class ArFallback:
         would not pay a round, decoding starts with a burst, so no round is spent to learn it.
         The target's own continuation is more predictable than most prompts: on the H200 e2e
         prompts (default head, 3 families at 1K-8K) the measured MAL was 0.90-1.60x the prompt's
-        estimate, median 1.33x (bench/results/e2e-cuda.json, `agreements[0]` beside the
+        estimate, median 1.33x (bench/results/e2e-cuda-ab2f480.json, `agreements[0]` beside the
         no-fall-back rows). A burst on a text that pays costs far more (up to `min_ar` slow steps)
         than two rounds on one that does not, so the estimate is scaled up (`prime_scale`)."""
         if pairs < self.min_pairs or self.rounds or self.ar_steps:
