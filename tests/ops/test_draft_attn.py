@@ -64,3 +64,21 @@ def test_draft_attn_refuses_bad_shapes():
         draft_attn(q, kr, vr, ring, ks, vs, path, dl, 2, 16)                # a window past the ring
     with pytest.raises(ValueError, match="draft_attn"):
         draft_attn(q, kr, vr, ring, ks, vs, path[:1], dl, 2, 8)
+
+
+def test_draft_attn_never_reads_what_it_cannot_see():
+    """NaN in every ring slot outside the window, the spare slot and every scratch row off the
+    nodes' paths (a sibling branch's rows): the output is finite and unchanged."""
+    q, kr, vr, ring, ks, vs, path, dl = _case(4, 4, 2, 16, 40, 5, 4, 25, 60, 3)
+    want = draft_attn(q, kr, vr, ring, ks, vs, path, dl, 4, 40)
+    pos = int(dl) - 1 + 3
+    hidden = (ring < 0) | (ring <= pos - 40)
+    hidden[40:] = True
+    off_path = torch.ones(ks.shape[0], dtype=torch.bool, device=ks.device)
+    off_path[path[path >= 0]] = False
+    assert hidden.any() and off_path.any()
+    for t, m in ((kr, hidden), (vr, hidden), (ks, off_path), (vs, off_path)):
+        t[m] = float("nan")
+    got = draft_attn(q, kr, vr, ring, ks, vs, path, dl, 4, 40)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want)
