@@ -2,46 +2,15 @@
 the CUDA glue path forced, every Triton launch and every ATen op that would be a kernel counted (views
 excluded), at 2 and 4 layers, so per-layer and fixed parts separate. Prints them; JSON to $OUT or
 bench/results. Usage: python3 scripts/count_launches.py"""
-import collections, json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "."); sys.path.insert(0, "tests")
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-import ssv.model.layers as L, ssv.model.llama as LL
+import json, os, sys
+sys.path.insert(0, "."); sys.path.insert(0, "tests"); sys.path.insert(0, "scripts")
+from launch_counter import NSA, Count, cnt  # noqa: E402  (first: the interpreter mode)
+import torch  # noqa: E402
+import ssv.model.layers as L, ssv.model.llama as LL  # noqa: E402
 L.fused_glue = LL.fused_glue = lambda x: x.dim() == 2 and not torch.is_grad_enabled()
-import triton.runtime.interpreter as I
-from conftest import make_tiny_model
-from ssv.config import NSAConfig
-from ssv.engine.device_round import DeviceEngine
-from ssv.engine.runner import Runner
-
-NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "as_strided", "unsqueeze", "squeeze", "select", "slice",
-         "alias", "permute", "reshape", "detach", "lift_fresh", "empty", "empty_like", "new_empty", "split", "unbind",
-         "empty_strided"}
-cnt, inside = collections.Counter(), [0]
-run0 = I.InterpretedFunction.run
-
-
-def run(self, *a, **k):
-    if inside[0] == 0:
-        cnt["triton:" + self.fn.__name__] += 1
-    inside[0] += 1
-    try:
-        return run0(self, *a, **k)
-    finally:
-        inside[0] -= 1
-
-
-I.InterpretedFunction.run = run
-
-
-class Count(TorchDispatchMode):
-    def __torch_dispatch__(self, f, types, a=(), k=None):
-        name = f.__name__.split(".")[0]
-        if name not in VIEWS and inside[0] == 0:
-            cnt["aten:" + name] += 1
-        return f(*a, **(k or {}))
+from conftest import make_tiny_model  # noqa: E402
+from ssv.engine.device_round import DeviceEngine  # noqa: E402
+from ssv.engine.runner import Runner  # noqa: E402
 
 
 def count(attention, layers):

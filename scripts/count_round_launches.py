@@ -4,57 +4,19 @@ fused EAGLE-3 drafter forced, the CUDA-only kernels (vocabulary top-k, accept wa
 their torch twins; every Triton launch and every ATen op that would be a kernel (views excluded).
 The tree is the GPU default (depth 6, top-k 8, 48 tokens); verify is counted at 4 and 6 layers (a head taps 3 distinct ones).
 Usage: python3 scripts/count_round_launches.py [label]   (JSON to $OUT or bench/results)"""
-import collections, json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "."); sys.path.insert(0, "tests")
-import torch
-import ssv.model.layers as L, ssv.model.llama as LL, ssv.draft.eagle3 as E
-forced = lambda x: x.dim() == 2 and not torch.is_grad_enabled()
-L.fused_glue = LL.fused_glue = E.fused_glue = forced
-import ssv.spec.device as SD
-from ssv.ops.topk.ops import vocab_topk
-from ssv.ops.accept.ops import accept_greedy_walk
-SD._vocab_top = lambda lp, k: vocab_topk(lp.contiguous(), k)
-if hasattr(SD, "_children"):
-    SD._children = lambda lp, k, ids: vocab_topk(lp.contiguous(), k, ids, clamp=True)
-_acc = SD.accept_greedy_device
-SD.accept_greedy_device = lambda tree, logits, d: accept_greedy_walk(tree.parents, tree.tokens, tree.scores,
+import json, os, sys
+sys.path.insert(0, "."); sys.path.insert(0, "tests"); sys.path.insert(0, "scripts")
+from launch_counter import NSA, Count, cnt  # noqa: E402  (first: the interpreter mode)
+import torch  # noqa: E402
+import ssv.model.layers as L, ssv.model.llama as LL, ssv.draft.eagle3 as E  # noqa: E402
+L.fused_glue = LL.fused_glue = E.fused_glue = lambda x: x.dim() == 2 and not torch.is_grad_enabled()
+import ssv.spec.device as SD  # noqa: E402
+import ssv.engine.device_round as DR  # noqa: E402
+from ssv.ops.topk.ops import vocab_topk  # noqa: E402
+from ssv.ops.accept.ops import accept_greedy_walk  # noqa: E402
+SD._vocab_top = lambda lp, k, ids=None, clamp=False: vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
+DR.accept_greedy_device = lambda tree, logits, d: accept_greedy_walk(tree.parents, tree.tokens, tree.scores,
                                                                      logits.argmax(-1), d)
-import ssv.engine.device_round as DR
-DR.accept_greedy_device = SD.accept_greedy_device
-import triton.runtime.interpreter as I  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from ssv.config import NSAConfig  # noqa: E402
-
-NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "as_strided", "unsqueeze", "squeeze", "select", "slice",
-         "alias", "permute", "reshape", "detach", "lift_fresh", "empty", "empty_like", "new_empty", "split", "unbind",
-         "empty_strided"}
-cnt, inside = collections.Counter(), [0]
-run0 = I.InterpretedFunction.run
-
-
-def run(self, *a, **k):
-    if inside[0] == 0:
-        cnt["triton:" + self.fn.__name__] += 1
-    inside[0] += 1
-    try:
-        return run0(self, *a, **k)
-    finally:
-        inside[0] -= 1
-
-
-I.InterpretedFunction.run = run
-
-
-class Count(TorchDispatchMode):
-    def __torch_dispatch__(self, f, types, a=(), k=None):
-        name = f.__name__.split(".")[0]
-        if name not in VIEWS and inside[0] == 0:
-            cnt["aten:" + name] += 1
-        return f(*a, **(k or {}))
-
-
 from conftest import make_tiny_model  # noqa: E402
 from draft.helpers import tiny_head  # noqa: E402
 from ssv.draft import Eagle3Drafter  # noqa: E402

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention, masked_attention_fused
+from ssv.ops.draft_attn.naive import draft_attn_naive
 from ssv.spec.tree import DraftTree, TreeSpec, build_tree
 
 
@@ -54,7 +55,7 @@ class Eagle3Drafter:
         self.vocab_ids = self.head.target_ids()
         self._scratch = None        # the last expansion's (keys, values, features) scratch
         self._scratches: dict = {}
-        self._row_ids: dict = {}    # constant index ranges of the fused expansion (made once)
+        self._row_ids: dict = {}    # n -> arange(n) on the device (`_arange`)
         self.reset()
 
     def reset(self) -> None:
@@ -162,14 +163,9 @@ class Eagle3Drafter:
         emb = self.embed(tokens).to(self.dtype)
         q, k, v = mid.qkv(emb, feat, cos, sin)
         sk[own], sv[own] = k, v
-        # ancestors at depth j + 1 (column j) are visible when within the window, as in `propose`
-        cols = torch.arange(depth, device=self.device)
-        ok = (path_rows >= 0) & ((level - 1) - (cols[None] + 1) < W)
-        scr = torch.zeros(f, sk.shape[0], dtype=torch.int32, device=self.device)
-        scr = scr.scatter_add_(1, path_rows.clamp_min(0), ok.to(torch.int32)) > 0   # padding adds 0
-        ring = self.slot_pos[:W]
-        vis = torch.cat([((ring >= 0) & (ring > pos - W))[None].expand(f, W), scr], 1)
-        out = mid.finish(masked_attention(q, torch.cat([self.k[:W], sk]), torch.cat([self.v[:W], sv]), vis), feat)
+        # the ring's window and each node's ancestors within it, as in `propose`
+        a = draft_attn_naive(q, self.k, self.v, self.slot_pos, sk, sv, path_rows, self.dlen, level, W)
+        out = mid.finish(a, feat)
         hid[own] = out
         return self.head.draft_logp(out)
 
@@ -184,15 +180,11 @@ class Eagle3Drafter:
         f, depth = tokens.numel(), path_rows.shape[1]
         sk, sv, hid = self._scratch
         lo = (level - 2) * f
-        rows = self._row_ids.get(sk.shape[0])
-        if rows is None:   # made on the first (eager) call, before any capture
-            rows = self._row_ids[sk.shape[0]] = torch.arange(sk.shape[0], device=self.device)
+        rows = self._arange(sk.shape[0])
         if level == 2:
             feat = self.hid_buf[None].expand(f, -1)
-            offs = self._row_ids.get(("levels", depth))
-            if offs is None:
-                offs = self._row_ids[("levels", depth)] = torch.arange(depth, device=self.device)
-            self._level_rope = self.head.rope(self.dlen + offs)   # levels 2.. at P + 1.. (P = dlen - 1)
+            # levels 2.. at P + 1.. (P = dlen - 1)
+            self._level_rope = self.head.rope(self.dlen + self._arange(depth))
         else:
             feat = hid[parent_rows]
         cos, sin = (t[level - 2:level - 1] for t in self._level_rope)
@@ -217,9 +209,7 @@ class Eagle3Drafter:
         R, W = tokens.numel(), self.window
         feats = torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))
-        ar = self._row_ids.get(("commit", R))
-        if ar is None:   # made once (the first call runs eagerly, before a capture)
-            ar = self._row_ids[("commit", R)] = torch.arange(R, device=self.device)
+        ar = self._arange(R)
         pos = self.dlen + ar
         real = ar < n
         cos, sin = self.head.rope(pos)
@@ -247,6 +237,13 @@ class Eagle3Drafter:
         if predict:
             return self._drafts(out, int(predict))
         return None
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """arange(n) on the device, made once: the first call of a shape runs eagerly, before any
+        capture, so a replayed round launches none."""
+        if n not in self._row_ids:
+            self._row_ids[n] = torch.arange(n, device=self.device)
+        return self._row_ids[n]
 
     def _drafts(self, out: torch.Tensor, k: int) -> torch.Tensor:
         """Each row's k first draft choices of the token after it [R, k] (target ids, best first)."""

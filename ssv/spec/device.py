@@ -60,34 +60,27 @@ def _stable_top(x: torch.Tensor, k: int):
     return vals[..., :k], idx[..., :k]
 
 
-def _children(lp: torch.Tensor, k: int, ids: Optional[torch.Tensor]):
-    """A level's children: `_vocab_top` with values capped at 0 and indices mapped to token ids
-    (`ids`, or the indices themselves); on CUDA both inside the top-k launch."""
-    if lp.is_cuda and lp.dim() == 2:
-        from ssv.ops.topk.ops import MAX_V, vocab_topk
-        if lp.shape[-1] <= MAX_V:
-            return vocab_topk(lp.contiguous(), k, ids, clamp=True)
-    v, t = _vocab_top(lp, k)
-    return v.clamp_max(0.0), (t if ids is None else ids[t])
-
-
-def _vocab_top(lp: torch.Tensor, k: int):
+def _vocab_top(lp: torch.Tensor, k: int, ids: Optional[torch.Tensor] = None, clamp: bool = False):
     """`_stable_top` over vocabulary rows of float32 log-probs: on CUDA one Triton launch
     (ssv/ops/topk), or for rows past its size one top-k of an int64 key that orders by value, then
     by the lower index (a top-k, whose capture was checked on the H200; a long-row sort's was not).
-    Values are ranked in float32 (what log_softmax gives; exact for their float64)."""
+    Values are ranked in float32 (what log_softmax gives; exact for their float64).
+    ids: indices returned as ids[index] (token ids of a draft vocabulary); clamp: values capped at
+    0 (log-probs a rounding put above 0). The kernel does both in its launch."""
     v = lp.shape[-1]
-    if not (lp.is_cuda and lp.dim() == 2):
-        return _stable_top(lp.double(), k)
-    from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
-    if v <= MAX_V:
-        return vocab_topk(lp.contiguous(), k)
-    bits = lp.float().view(torch.int32)
-    key32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long()      # order-preserving
-    idx = torch.arange(v, device=lp.device)
-    top = torch.topk((key32 << 32) | (v - 1 - idx), k, dim=-1).values
-    ids = (v - 1) - (top & 0xFFFFFFFF)
-    return lp.gather(-1, ids).double(), ids
+    if lp.is_cuda and lp.dim() == 2:
+        from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
+        if v <= MAX_V:
+            return vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
+        bits = lp.float().view(torch.int32)
+        key32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long()      # order-preserving
+        idx = torch.arange(v, device=lp.device)
+        top = torch.topk((key32 << 32) | (v - 1 - idx), k, dim=-1).values
+        t = (v - 1) - (top & 0xFFFFFFFF)
+        vals = lp.gather(-1, t).double()
+    else:
+        vals, t = _stable_top(lp.double(), k)
+    return (vals.clamp_max(0.0) if clamp else vals), (t if ids is None else ids[t])
 
 
 def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec,
@@ -107,7 +100,7 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     if T == 1:
         return _kept(tok, par, score, T)
     # level 1: the root's children, proposed lowest token id first on equal log-probs
-    v1, t1 = _children(root_logp.reshape(1, -1), k, ids)
+    v1, t1 = _vocab_top(root_logp.reshape(1, -1), k, ids, clamp=True)
     # no Python scalars assigned into device tensors: that is a host copy, which a graph cannot hold
     tok[1:1 + k], score[1:1 + k] = t1[0], v1[0]
     par[1:1 + k].zero_()
@@ -120,7 +113,7 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     for t in range(2, D + 1):
         rows = all_rows[(t - 2) * k:(t - 1) * k]
         f_rows[:, t - 2] = rows
-        vals, toks = _children(expand(t, tok[front], f_parent, f_rows), k, ids)   # [k, k] of [k, V]
+        vals, toks = _vocab_top(expand(t, tok[front], f_parent, f_rows), k, ids, clamp=True)   # [k, k] of [k, V]
         kk = slice(base, base + k * k)
         tok[kk] = toks.reshape(-1)
         par[kk].view(k, k).copy_(front[:, None].expand(k, k))

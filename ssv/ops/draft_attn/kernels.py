@@ -3,6 +3,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _online_tile(b_q, p_k, p_v, m_k, m_d, b_m, b_l, b_acc, scale):
+    # one tile of keys (rows where m_k) into the running softmax state (max b_m, sum b_l, b_acc);
+    # the running max starts finite, so a tile with nothing visible adds exactly zero
+    b_k = tl.load(p_k, mask=m_k[:, None] & m_d[None, :], other=0.0)                    # [BK, BD]
+    b_s = tl.dot(b_q, tl.trans(b_k)).to(tl.float32) * scale                            # [BM, BK]
+    b_s = tl.where(m_k[None, :], b_s, float("-inf"))
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_e = tl.exp(b_s - b_mn[:, None])
+    b_a = tl.exp(b_m - b_mn)
+    b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)
+    b_acc = b_acc * b_a[:, None] + tl.dot(b_e.to(b_v.dtype), b_v).to(tl.float32)
+    b_l = b_l * b_a + tl.sum(b_e, 1)
+    return b_mn, b_l, b_acc
+
+
+@triton.jit
 def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen, o, level, scale,
                           s_qn, s_qh, s_rk, s_rh, s_sk, s_sh, s_pn, s_on,
                           W: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
@@ -25,29 +41,12 @@ def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen,
         b_p = tl.load(ring_pos + o_k, mask=o_k < W, other=-1)
         m_k = (o_k < W) & (b_p >= 0) & (b_p > p_q - W)
         p_k = o_k.to(tl.int64)[:, None] * s_rk + i_h * s_rh + o_d[None, :]
-        b_k = tl.load(k_ring + p_k, mask=m_k[:, None] & m_d[None, :], other=0.0)                       # [BK, D]
-        b_s = tl.dot(b_q, tl.trans(b_k)).to(tl.float32) * scale                          # [BM, BK]
-        b_s = tl.where(m_k[None, :], b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_e = tl.exp(b_s - b_mn[:, None])
-        b_a = tl.exp(b_m - b_mn)
-        b_v = tl.load(v_ring + p_k, mask=m_k[:, None] & m_d[None, :], other=0.0)
-        b_acc = b_acc * b_a[:, None] + tl.dot(b_e.to(b_v.dtype), b_v).to(tl.float32)
-        b_l = b_l * b_a + tl.sum(b_e, 1)
-        b_m = b_mn
+        b_m, b_l, b_acc = _online_tile(b_q, k_ring + p_k, v_ring + p_k, m_k, m_d, b_m, b_l, b_acc, scale)
     # the path: column j is the ancestor at depth j + 1, visible within the window
     o_j = tl.arange(0, BP)
     b_r = tl.load(path + i_f * s_pn + o_j, mask=o_j < DP, other=-1).to(tl.int64)
     m_j = (b_r >= 0) & ((level - 1) - (o_j + 1) < W)
     p_s = tl.maximum(b_r, 0)[:, None] * s_sk + i_h * s_sh + o_d[None, :]
-    b_k = tl.load(k_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)                             # [BP, D]
-    b_s = tl.dot(b_q, tl.trans(b_k)).to(tl.float32) * scale
-    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-    b_e = tl.exp(b_s - b_mn[:, None])
-    b_a = tl.exp(b_m - b_mn)
-    b_v = tl.load(v_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)
-    b_acc = b_acc * b_a[:, None] + tl.dot(b_e.to(b_v.dtype), b_v).to(tl.float32)
-    b_l = b_l * b_a + tl.sum(b_e, 1)
+    b_m, b_l, b_acc = _online_tile(b_q, k_scr + p_s, v_scr + p_s, m_j, m_d, b_m, b_l, b_acc, scale)
     p_o = o + i_f * s_on + (i_h * G + o_g)[:, None] * D + o_d[None, :]
     tl.store(p_o, (b_acc / b_l[:, None]).to(o.dtype.element_ty), mask=m_g[:, None] & m_d[None, :])
