@@ -1,7 +1,7 @@
 """Where a graphed round's GPU time goes: the kernels of the AR step and of an ssv strict round (random
 weights of the default model's shape, 4K context), grouped by kernel name, per round; a table, and
 JSON in $OUT or bench/results. Run on a GPU from the repository root: python3 scripts/profile_round.py"""
-import json, os, sys, torch
+import json, os, sys, time, torch
 sys.path.insert(0, ".")
 from torch.profiler import ProfilerActivity, profile
 from ssv.config import ModelConfig
@@ -18,18 +18,30 @@ cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_l
 m = random_model(cfg)
 d = Eagle3Drafter(Eagle3Head(Eagle3Config.for_target(cfg, 8192)).cuda().to(torch.bfloat16), m)
 table = mode_table(30, TreeSpec(6, 8, 48))
-r = Runner(m, attention="nsa", max_len=8192 + 384)
-fill_cache(r, 4096, torch.Generator(device="cuda").manual_seed(0))
+CTX = int(os.environ.get("CTX", "4096"))
+CAP = int(os.environ.get("CAP", str(8192 + 384)))
+MODES = os.environ.get("MODES", "ar-nsa,sd-naive,ssv strict,ar dense,eagle3 dense").split(",")
 d.commit([torch.randn(64, 576, device="cuda", dtype=torch.bfloat16) for _ in range(3)], torch.randint(0, 8192, (64,), device="cuda"))
-eng = DeviceEngine(r, d)
-eng.start(7)
-res = {"env": environment(), "context": 4096, "capacity": 8192 + 384, "rounds": {}}
-for mode in ("ar-nsa", "ssv strict"):
-    opts = table[mode][1]
+engines = {}
+for att in ("nsa", "dense"):
+    r = Runner(m, attention=att, max_len=CAP)
+    fill_cache(r, CTX, torch.Generator(device="cuda").manual_seed(0))
+    engines[att] = (r, DeviceEngine(r, d))
+    engines[att][1].start(7)
+res = {"env": environment(), "context": CTX, "capacity": CAP, "rounds": {}, "round_ms": {}}
+for mode in MODES:
+    att, opts = table[mode]
+    r, eng = engines[att]
     step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
     for _ in range(3):
         step()
     n = 10
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    res["round_ms"][mode] = (time.perf_counter() - t0) * 1e3 / n
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
@@ -46,10 +58,10 @@ for mode in ("ar-nsa", "ssv strict"):
                   key=lambda x: -x["us_per_round"])
     res["rounds"][mode] = rows
     tot = sum(x["us_per_round"] for x in rows)
-    print(f"== {mode}: kernel time {tot:.0f} us per round, {sum(x['per_round'] for x in rows):.0f} kernels")
+    print(f"== {mode}: round {res['round_ms'][mode]*1e3:.0f} us, kernel time {tot:.0f} us per round, {sum(x['per_round'] for x in rows):.0f} kernels")
     for x in rows[:22]:
         print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
-    r.cache.dlen.fill_(4096); r.cache.length = 4096
+    r.cache.dlen.fill_(CTX); r.cache.length = CTX
 out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}.json")
 with open(out, "w") as f:
     json.dump(res, f, indent=1)

@@ -52,12 +52,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos[:, None] + rot.float() * sin[:, None]).to(x.dtype)
 
 
-def _cat_cached(owner: nn.Module, name: str, parts) -> torch.Tensor:
-    """torch.cat(parts) kept on `owner` (not a parameter) until any part is replaced or modified."""
-    key = tuple((p.data_ptr(), p._version) for p in parts)
+def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor:
+    """torch.cat(parts) kept on `owner` (not a parameter) until any part is replaced or modified;
+    norm_w: with that RMSNorm weight folded into its columns (`fold_norm`)."""
+    key = tuple((p.data_ptr(), p._version) for p in list(parts) + ([] if norm_w is None else [norm_w]))
     hit = owner.__dict__.get(name)
     if hit is None or hit[0] != key:
-        hit = owner.__dict__[name] = (key, torch.cat([p.detach() for p in parts]))
+        from ssv.ops.glue.naive import fold_norm
+        w = torch.cat([p.detach() for p in parts])
+        hit = owner.__dict__[name] = (key, w if norm_w is None else fold_norm(w, norm_w.detach()))
     return hit[1]
 
 
@@ -101,15 +104,18 @@ class Attention(nn.Module):
         gated = cfg.nsa is not None and cfg.nsa.gating == "gated"
         self.g_proj = nn.Linear(cfg.hidden_size, h * 3, bias=False) if gated else None
 
-    def attend_fused(self, x, cos, sin, plan, cache):
-        """One projection, one RoPE + cache-write launch, then the plan: o [N, Hq * D] before o_proj."""
+    def attend_fused(self, x, cos, sin, plan, cache, norm: "RMSNorm | None" = None):
+        """One projection, one RoPE + cache-write launch, then the plan: o [N, Hq * D] before o_proj.
+        norm: x is the un-normalized input of this RMSNorm, folded into the projection (no bias)."""
         from ssv.ops.glue.ops import rope_write
         n, c = x.shape[0], self.cfg
         parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        w = _cat_cached(self, "_wqkv", parts)
+        if norm is not None and c.attn_bias:
+            raise ValueError("an RMSNorm folds into a projection without bias only")
+        w = _cat_cached(self, "_wqkv" if norm is None else "_wqkv_n", parts, None if norm is None else norm.weight)
         b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
         q = rope_write(F.linear(x, w, b), cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
-                       cache.v[self.layer], plan.slots(cache, n))
+                       cache.v[self.layer], plan.slots(cache, n), norm=None if norm is None else (x, norm.eps))
         return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
 
     def forward(self, x, cos, sin, plan, cache):
@@ -142,14 +148,19 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def _forward_fused(self, x, cos, sin, plan, cache):
-        # 8 launches besides attention's: two norms, four GEMMs (two add the residual in place,
-        # one feeds one SwiGLU launch), one RoPE + cache write. In place: an out-of-place addmm
-        # copies the residual into its output first, a kernel per GEMM (60 of an AR step's ~440
-        # nodes); the caller keeps no reference to x it still needs (Transformer clones its taps)
+        # 6 launches besides attention's: four GEMMs (two add the residual in place, one feeds one
+        # SwiGLU launch), one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
+        # rsqrt(mean(x^2) + eps) * (x @ (W * g).T), the weight g in the cached projection and the
+        # row scale applied by the RoPE and SwiGLU kernels (two launches a layer fewer; a projection
+        # with a bias keeps its norm launch). In place: an out-of-place addmm copies the residual
+        # into its output first, a kernel per GEMM; the caller keeps no reference to x it still
+        # needs (Transformer clones its taps)
         from ssv.ops.glue.ops import rmsnorm, swiglu
-        a, m = self.self_attn, self.mlp
-        h = rmsnorm(x, self.input_layernorm.weight, self.input_layernorm.eps)
-        x.addmm_(a.attend_fused(h, cos, sin, plan, cache), a.o_proj.weight.t())
-        h = rmsnorm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        gu = F.linear(h, _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
-        return x.addmm_(swiglu(gu), m.down_proj.weight.t())
+        a, m, n1, n2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        if a.cfg.attn_bias:
+            o = a.attend_fused(rmsnorm(x, n1.weight, n1.eps), cos, sin, plan, cache)
+        else:
+            o = a.attend_fused(x, cos, sin, plan, cache, norm=n1)
+        x.addmm_(o, a.o_proj.weight.t())
+        gu = F.linear(x, _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n2.weight))
+        return x.addmm_(swiglu(gu, norm=(x, n2.eps)), m.down_proj.weight.t())

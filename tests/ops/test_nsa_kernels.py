@@ -254,21 +254,26 @@ def test_verify_edge_cases(name, gating):
 
 @pytest.mark.parametrize("case", [(0, 150, 7, 2, 16, {}), (1, 301, 12, 3, 32, dict(cmp_block=16, cmp_stride=8)),
                                   (2, 37, 5, 1, 16, {}), (3, 96, 9, 2, 64, dict(cmp_block=32, cmp_stride=16)),
-                                  (4, 200, 40, 2, 16, {})])
-def test_path_blocks_kernel_matches_torch(case):
-    """The path-specific compressed keys/values of one launch equal the einsum, into NaN-poisoned outputs."""
+                                  (4, 200, 40, 2, 16, {}), (5, 260, 128, 1, 32, {})])
+@pytest.mark.parametrize("values", [True, False])
+def test_path_blocks_kernel_matches_torch(case, values):
+    """The path-specific compressed keys/values of one launch equal the einsum, into NaN-poisoned
+    outputs; keys alone (values=False) leave the value buffer as it was."""
     from ssv.ops.nsa.route import path_blocks_torch
     seed, P, N, hkv, D, over = case
     cfg = NSAConfig(**{**CFG, **over})
-    q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, 2, D, DTYPES[0], cfg, chain=seed == 4)
+    q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, 2, D, DTYPES[0], cfg, chain=seed >= 4)
     w, s0, _ = path_block_weights(P, pos, mask, cfg)
-    assert w.shape[1] == (0 if seed == 3 else 10 if seed == 4 else 1)   # none, one and many path blocks
+    assert w.shape[1] == (0 if seed == 3 else 10 if seed == 4 else 32 if seed == 5 else 1)  # none, one, many
     want = path_blocks_torch(w, s0, k, v, P, N)
     nbp = max(w.shape[1], 1)
     out = tuple(torch.full((N, hkv, nbp, D), float("nan"), device=DEV) for _ in range(2))
     if w.shape[1] == 0:
         out = tuple(torch.zeros_like(o) for o in out)
-    got = path_blocks(w.to(DEV), s0, k.to(DEV), v.to(DEV), P, N, kernel=True, out=out)
+    got = path_blocks(w.to(DEV), s0, k.to(DEV), v.to(DEV), P, N, kernel=True, out=out, values=values)
+    if not values:
+        assert got[1] is None and (out[1].isnan().all() or w.shape[1] == 0)
+        got, want = got[:1], want[:1]
     for g, ref in zip(got, want):
         assert g.shape == ref.shape and rel_err(g, ref) < tol(DTYPES[0]) or ref.norm() == 0 and g.norm() == 0
 

@@ -42,3 +42,35 @@ def test_vocab_topk_refuses_bad_shapes():
         vocab_topk(torch.zeros(2, 20000, device=DEV), 4)
     with pytest.raises(ValueError, match="id_map"):
         vocab_topk(torch.zeros(2, 50, device=DEV), 4, torch.arange(49, device=DEV))
+
+
+@pytest.mark.parametrize("r,n,k", [(1, 64, 8), (1, 327, 47), (3, 1, 1), (2, 700, 700), (4, 48, 48), (5, 33, 5)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64])
+@pytest.mark.parametrize("largest,by_index", [(True, False), (True, True), (False, False)])
+def test_rank_topk_matches_stable_sort(r, n, k, dtype, largest, by_index):
+    """Ties (rounded values), -inf and NaN entries, odd lengths, k = N; outputs NaN-/sentinel-poisoned
+    before the call, so an unwritten slot fails the comparison."""
+    from ssv.ops.topk.naive import rank_topk_naive
+    from ssv.ops.topk.ops import rank_topk
+    g = torch.Generator().manual_seed(n * 7 + k)
+    x = torch.round(torch.randn(r, n, generator=g, dtype=torch.float64) * 3)
+    if dtype.is_floating_point:
+        x[:, torch.randperm(n, generator=g)[: n // 5]] = float("-inf")
+        x[:, torch.randperm(n, generator=g)[: n // 7]] = float("nan")
+    x = x.to(dtype).to(DEV)
+    want_v, want_i = rank_topk_naive(x, k, largest, by_index)
+    poison = torch.full_like(want_v, float("nan") if dtype.is_floating_point else -5)
+    got_v, got_i = rank_topk(x, k, largest, by_index, out=(poison, torch.full_like(want_i, -1)))
+    assert torch.equal(got_i, want_i)
+    assert torch.equal(got_v.isnan(), want_v.isnan()) if dtype.is_floating_point else True
+    assert torch.equal(torch.nan_to_num(got_v, nan=7.5), torch.nan_to_num(want_v, nan=7.5))
+
+
+def test_rank_topk_refuses_bad_shapes():
+    from ssv.ops.topk.ops import rank_topk
+    with pytest.raises(ValueError, match="rank_topk"):
+        rank_topk(torch.zeros(2, 5, device=DEV), 6)
+    with pytest.raises(ValueError, match="rank_topk"):
+        rank_topk(torch.zeros(2, 2000, device=DEV), 4)
+    with pytest.raises(ValueError, match="rank_topk"):
+        rank_topk(torch.zeros(5, device=DEV), 1)

@@ -21,10 +21,21 @@ def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.con
 
 
 @triton.jit
-def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, s_n, s_c, s_qn, s_qh, s_kh, s_kt,
-                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+def _row_rsqrt(xn, i_n, s_xn, eps, DM: tl.constexpr, BDM: tl.constexpr):
+    # 1 / rms of row i_n of the layer's input: an RMSNorm folded into the GEMM before this kernel
+    # (its weight multiplied into the GEMM's columns, the row scale applied here)
+    o_m = tl.arange(0, BDM)
+    b_x = tl.load(xn + i_n * s_xn + o_m, mask=o_m < DM, other=0.0).to(tl.float32)
+    return tl.math.rsqrt(tl.sum(b_x * b_x, 0) / DM + eps)
+
+
+@triton.jit
+def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, xn, s_n, s_c, s_qn, s_qh, s_kh, s_kt, s_xn, eps,
+                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
+                          DM: tl.constexpr, BDM: tl.constexpr):
     # program (row n, head h) over Hq + Hkv heads: a query head is rotated into q_out, a KV head's
-    # key rotated and its value copied into cache slot slots[n]
+    # key rotated and its value copied into cache slot slots[n]; NORM: the projection was of the
+    # un-normalized row xn[n], scaled here by its 1 / rms first
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     HALF: tl.constexpr = D // 2
     o_d = tl.arange(0, D)
@@ -35,6 +46,9 @@ def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, s_n, s_c, s_qn, s
     base = qkv + i_n * s_n + i_h * D
     b_x = tl.load(base + o_d).to(tl.float32)
     b_p = tl.load(base + o_r).to(tl.float32) * sign
+    if NORM:
+        b_r = _row_rsqrt(xn, i_n, s_xn, eps, DM, BDM)
+        b_x, b_p = b_x * b_r, b_p * b_r
     b_o = (b_x * b_c + b_p * b_s).to(q_out.dtype.element_ty)
     if i_h < HQ:
         tl.store(q_out + i_n * s_qn + i_h * s_qh + o_d, b_o)
@@ -44,16 +58,22 @@ def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, s_n, s_c, s_qn, s
         p_c = j * s_kh + t * s_kt + o_d
         tl.store(kc + p_c, b_o.to(kc.dtype.element_ty))
         b_v = tl.load(base + HKV * D + o_d)
+        if NORM:
+            b_v = b_v.to(tl.float32) * b_r
         tl.store(vc + p_c, b_v.to(vc.dtype.element_ty))
 
 
 @triton.jit
-def swiglu_fwd_kernel(gu, y, s_g, s_y, I: tl.constexpr, BI: tl.constexpr):
+def swiglu_fwd_kernel(gu, y, xn, s_g, s_y, s_xn, eps, I: tl.constexpr, BI: tl.constexpr, NORM: tl.constexpr,
+                      DM: tl.constexpr, BDM: tl.constexpr):
     i_n, i_b = tl.program_id(0).to(tl.int64), tl.program_id(1)
     o_i = i_b * BI + tl.arange(0, BI)
     m_i = o_i < I
     b_g = tl.load(gu + i_n * s_g + o_i, mask=m_i, other=0.0).to(tl.float32)
     b_u = tl.load(gu + i_n * s_g + I + o_i, mask=m_i, other=0.0).to(tl.float32)
+    if NORM:   # the gate|up projection was of the un-normalized row xn[n]
+        b_r = _row_rsqrt(xn, i_n, s_xn, eps, DM, BDM)
+        b_g, b_u = b_g * b_r, b_u * b_r
     # silu rounded to the activations' dtype before the product, as F.silu(g) * u
     b_a = (b_g * tl.sigmoid(b_g)).to(y.dtype.element_ty).to(tl.float32)
     tl.store(y + i_n * s_y + o_i, (b_a * b_u).to(y.dtype.element_ty), mask=m_i)

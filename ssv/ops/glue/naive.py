@@ -10,17 +10,31 @@ def rmsnorm_naive(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def row_rsqrt(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """[N, 1] fp32: 1 / rms of each row (a folded RMSNorm's row scale)."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def fold_norm(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A projection's weight [O, D] with an RMSNorm weight g [D] folded in: RMSNorm(x) @ W.T ==
+    rsqrt(mean(x^2) + eps) * (x @ (W * g).T), the product in fp32, rounded once."""
+    return (w.float() * g.float()[None, :]).to(w.dtype)
+
+
 def rope_write_naive(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) D]; RoPE (rotate-half) on q and k; k, v stored at `slots` of the caches
-    [Hkv, L, D]. Returns q [N, Hq, D]."""
+    [Hkv, L, D]. Returns q [N, Hq, D]. norm (x, eps): qkv is first scaled by x's 1 / rms (fp32)."""
     n = qkv.shape[0]
     d = cos.shape[-1]
+    dt = qkv.dtype
+    if norm is not None:
+        qkv = qkv.float() * row_rsqrt(*norm)
 
     def rope(x):
         x1, x2 = x.chunk(2, -1)
         rot = torch.cat([-x2, x1], -1)
-        return (x.float() * cos[:, None] + rot.float() * sin[:, None]).to(x.dtype)
+        return (x.float() * cos[:, None] + rot.float() * sin[:, None]).to(dt)
     q = rope(qkv[:, : hq * d].reshape(n, hq, d))
     k = rope(qkv[:, hq * d:(hq + hkv) * d].reshape(n, hkv, d))
     v = qkv[:, (hq + hkv) * d:].reshape(n, hkv, d)
@@ -29,7 +43,11 @@ def rope_write_naive(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq
     return q
 
 
-def swiglu_naive(gu: torch.Tensor) -> torch.Tensor:
-    """gu [N, 2I] (gate, up) -> silu(gate) * up [N, I]."""
+def swiglu_naive(gu: torch.Tensor, norm=None) -> torch.Tensor:
+    """gu [N, 2I] (gate, up) -> silu(gate) * up [N, I]; norm (x, eps): gu first scaled by x's 1 / rms."""
+    if norm is not None:
+        dt = gu.dtype
+        g, u = (gu.float() * row_rsqrt(*norm)).chunk(2, -1)
+        return (F.silu(g).to(dt).float() * u).to(dt)
     g, u = gu.chunk(2, -1)
     return F.silu(g) * u

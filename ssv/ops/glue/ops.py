@@ -27,11 +27,23 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None, rows=None) -
     return out
 
 
+def _norm_args(norm, n: int, device) -> tuple:
+    """(x, eps) of a folded RMSNorm -> the kernels' (xn, s_xn, eps, NORM, DM, BDM)."""
+    if norm is None:
+        return None, 0, 0.0, dict(NORM=False, DM=1, BDM=1)
+    x, eps = norm
+    if x.dim() != 2 or x.shape[0] != n or x.stride(1) != 1 or x.device != device:
+        raise ValueError(f"norm: the un-normalized input must be [{n}, D] with contiguous rows, got {tuple(x.shape)}")
+    return x, x.stride(0), float(eps), dict(NORM=True, DM=x.shape[1], BDM=triton.next_power_of_2(x.shape[1]))
+
+
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
-               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) D] (one projection) -> q [N, Hq, D] with RoPE; k (RoPE) and v stored at
     `slots` [N] of k_cache / v_cache [Hkv, L, D]. cos / sin [N, D], or [1, D] for one position
-    shared by every row. One launch instead of ~20."""
+    shared by every row. One launch instead of ~20. norm (x [N, Dm], eps): qkv projects the
+    un-normalized x with the norm's weight folded into its columns; every row is first scaled by
+    x's 1 / rms (the RMSNorm launch before the projection saved)."""
     n = qkv.shape[0]
     d = cos.shape[-1]
     if qkv.shape[1] != (hq + 2 * hkv) * d or qkv.stride(1) != 1 or d & (d - 1) or d < 2:
@@ -43,23 +55,28 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
     slots = slots.contiguous()   # the kernel reads slots[n] at n: a strided column would be misread
     if cos.shape != sin.shape or cos.shape[0] not in (1, n):
         raise ValueError(f"rope_write: cos / sin must be [{n}, D] or [1, D], got {tuple(cos.shape)}")
+    xn, s_xn, eps, nk = _norm_args(norm, n, qkv.device)
     q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
     s_c = cos.stride(0) if cos.shape[0] == n else 0
     if n:
-        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), s_c,
-                                              q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-                                              HQ=hq, HKV=hkv, D=d, num_warps=1)
+        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv if xn is None else xn,
+                                              qkv.stride(0), s_c, q.stride(0), q.stride(1), k_cache.stride(0),
+                                              k_cache.stride(1), s_xn, eps, HQ=hq, HKV=hkv, D=d, **nk, num_warps=1)
     return q
 
 
-def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """gu [N, 2I] (gate | up) -> silu(gate) * up [N, I], one launch."""
+def swiglu(gu: torch.Tensor, norm=None) -> torch.Tensor:
+    """gu [N, 2I] (gate | up) -> silu(gate) * up [N, I], one launch. norm (x [N, Dm], eps): gu
+    projects the un-normalized x (the norm's weight folded into the projection), so gate and up are
+    first scaled by x's 1 / rms (the RMSNorm launch before the projection saved)."""
     if gu.dim() != 2 or gu.shape[1] % 2 or gu.stride(1) != 1:
         raise ValueError(f"swiglu: expected [N, 2I] with contiguous rows, got {tuple(gu.shape)}")
     n, i2 = gu.shape
     inter = i2 // 2
+    xn, s_xn, eps, nk = _norm_args(norm, n, gu.device)
     y = torch.empty(n, inter, device=gu.device, dtype=gu.dtype)
     bi = min(1024, triton.next_power_of_2(inter))
     if n:
-        swiglu_fwd_kernel[(n, triton.cdiv(inter, bi))](gu, y, gu.stride(0), y.stride(0), I=inter, BI=bi, num_warps=4)
+        swiglu_fwd_kernel[(n, triton.cdiv(inter, bi))](gu, y, gu if xn is None else xn, gu.stride(0), y.stride(0),
+                                                       s_xn, eps, I=inter, BI=bi, **nk, num_warps=4)
     return y

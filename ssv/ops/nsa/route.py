@@ -154,16 +154,19 @@ def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor
 
 
 def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_len, n: int,
-                kernel: Optional[bool] = None, out: Optional[tuple] = None):
+                kernel: Optional[bool] = None, out: Optional[tuple] = None, values: bool = True):
     """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer).
 
     kernel (default: on CUDA): one launch instead of slicing, casting and two einsums per layer.
     s0 / prefix_len: ints, or (kernel only) device tensors as `path_block_weights_device` returns
     them, w then covering a fixed number of slots from s0 (zero weight past the step).
+    values: False computes the keys alone (routing reads the values only for gated NSA's
+    compressed branch) and returns v_path as None.
     """
     kernel = k.is_cuda if kernel is None else kernel
     if not kernel:
-        return path_blocks_torch(w, int(s0), k, v, int(prefix_len), n)
+        kp, vp = path_blocks_torch(w, int(s0), k, v, int(prefix_len), n)
+        return kp, (vp if values else None)
     nq, nbp, S = w.shape
     hkv, _, d = k.shape
     if isinstance(s0, torch.Tensor):
@@ -182,7 +185,9 @@ def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_le
         raise ValueError(f"path-block outputs must be two fp32 [{nq}, {hkv}, {max(nbp, 1)}, {d}] with equal strides")
     if nq and nbp:
         wc = w.contiguous()
+        nbpp = pow2(nbp)
         nsa_path_blocks_fwd_kernel[(nq, hkv)](
             wc, k, v, kp, vp, s0_t, S, nbp, k.shape[1], wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
-            kp.stride(0), kp.stride(1), kp.stride(2), BSB=64, D=d, NBPP=pow2(nbp), num_warps=4)
-    return kp, vp
+            kp.stride(0), kp.stride(1), kp.stride(2), BSB=64, D=d, NBPP=nbpp, WANT_V=bool(values),
+            num_warps=4)
+    return kp, (vp if values else None)

@@ -20,3 +20,37 @@ def vocab_topk_fwd_kernel(x, vals, ids, id_map, s_x, s_o, V: tl.constexpr, BV: t
         b_o = tl.load(id_map + b_i).to(tl.int64) if MAP else b_i.to(tl.int64)
         tl.store(ids + i_r * s_o + j, b_o)
         b_t = b_t | (o_v == b_i)
+
+
+@triton.jit
+def rank_topk_fwd_kernel(x, vals, ids, s_x, s_o, N, K: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr,
+                         LARGEST: tl.constexpr, BY_INDEX: tl.constexpr):
+    # one program per row of a short row (a tree's scores): an entry's rank is the number of entries
+    # ordered before it (larger, or equal at a lower index; NaN first when descending and last when
+    # ascending, as a stable sort puts it), counted against the row in BJ-wide chunks; the entries
+    # of rank < K are stored at their rank, or (BY_INDEX) at their place among the kept in index
+    # order, a prefix sum of the kept flags. Ranks are distinct, so each output slot is written once
+    i_r = tl.program_id(0).to(tl.int64)
+    o_i = tl.arange(0, BN)
+    m_i = o_i < N
+    b_xi = tl.load(x + i_r * s_x + o_i, mask=m_i, other=0)                     # [BN]
+    n_i = b_xi != b_xi
+    b_rank = tl.zeros([BN], dtype=tl.int32)
+    for j0 in range(0, N, BJ):
+        o_j = j0 + tl.arange(0, BJ)
+        b_xj = tl.load(x + i_r * s_x + o_j, mask=o_j < N, other=0)             # [BJ]
+        n_j = b_xj != b_xj
+        if LARGEST:
+            b_gt = (b_xj[None, :] > b_xi[:, None]) | (n_j[None, :] & (n_i == 0)[:, None])
+        else:
+            b_gt = (b_xj[None, :] < b_xi[:, None]) | (n_i[:, None] & (n_j == 0)[None, :])
+        b_eq = (b_xj[None, :] == b_xi[:, None]) | (n_j[None, :] & n_i[:, None])
+        b_before = (b_gt | (b_eq & (o_j[None, :] < o_i[:, None]))) & (o_j < N)[None, :]   # [BN, BJ]
+        b_rank += tl.sum(b_before.to(tl.int32), 1)
+    b_keep = m_i & (b_rank < K)
+    if BY_INDEX:
+        b_at = tl.cumsum(b_keep.to(tl.int32), 0) - 1
+    else:
+        b_at = b_rank
+    tl.store(vals + i_r * s_o + b_at, b_xi, mask=b_keep)
+    tl.store(ids + i_r * s_o + b_at, o_i.to(tl.int64), mask=b_keep)

@@ -10,3 +10,14 @@ def vocab_topk_naive(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
     vals, idx = torch.sort(x.double(), dim=-1, descending=True, stable=True)
     vals, idx = vals[..., :k], idx[..., :k]
     return (vals.clamp_max(0.0) if clamp else vals), (idx if id_map is None else id_map[idx])
+
+
+def rank_topk_naive(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = False):
+    """x [R, N] -> the first k entries of a stable sort (descending when largest), values and int64
+    indices; by_index: those entries in ascending index order."""
+    vals, idx = torch.sort(x, dim=-1, descending=largest, stable=True)
+    vals, idx = vals[..., :k], idx[..., :k]
+    if by_index:
+        idx = idx.sort(-1).values
+        vals = x.gather(-1, idx)
+    return vals, idx
