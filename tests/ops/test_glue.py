@@ -173,5 +173,6 @@ def test_fused_model_forward_equals_eager_with_taps(monkeypatch):
     for a, b in zip(*outs):
         if DT == torch.float32:
             torch.testing.assert_close(b, a, **TOL)
-        else:   # 4 layers of bf16 roundings, in a different order where the norms are folded
-            assert not b.isnan().any() and ((b - a).norm() / a.norm()).item() < 1e-2
+        else:   # 4 layers of bf16 roundings, in another order where the norms are folded (H200:
+            # 1.5e-2 in one tap; a fold that drops the norm weights, uniform in [0.5, 1.5], is ~0.3)
+            assert not b.isnan().any() and ((b - a).norm() / a.norm()).item() < 3e-2
