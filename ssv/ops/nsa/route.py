@@ -188,6 +188,6 @@ def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_le
         nbpp = pow2(nbp)
         nsa_path_blocks_fwd_kernel[(nq, hkv)](
             wc, k, v, kp, vp, s0_t, S, nbp, k.shape[1], wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
-            kp.stride(0), kp.stride(1), kp.stride(2), BSB=min(64, 2048 // d), D=d, NBPP=nbpp, WANT_V=bool(values),
+            kp.stride(0), kp.stride(1), kp.stride(2), BSB=64, D=d, NBPP=nbpp, WANT_V=bool(values),
             num_warps=4)
     return kp, (vp if values else None)

@@ -341,11 +341,10 @@ def nsa_path_blocks_fwd_kernel(
     BSB: tl.constexpr, D: tl.constexpr, NBPP: tl.constexpr, WANT_V: tl.constexpr,
 ):
     # one program per (query, KV head): its path-specific compressed keys (values only for gated
-    # NSA's compressed branch), w[n, :] @ k[h, s0:]; s0 is read from device memory (it moves with the
-    # context length), slots stop at the cache's end L. The weights are 0 or 1/l, so products summed
-    # in fp32 are exact products: an fp32 `ieee` tl.dot of these few rows took ~11 us a launch on the
-    # H200 (bench/NOTES.md, "Path blocks"). Each slot tile is loaded once for all blocks, each
-    # block's sum placed in its row of the accumulator
+    # NSA's compressed branch: routing reads them nowhere else), w[n, :] @ k[h, s0:], every path block
+    # of a slot tile at once (each K/V tile is loaded once, not once per block); s0 is read from
+    # device memory (it moves with the context length), slots stop at the cache's end L.
+    # Measured slower on the H200 (bench/NOTES.md, "Path blocks"): per-block axis-0 sums (3.2x)
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     S0 = tl.load(s0p)
     o_d = tl.arange(0, D)
@@ -356,15 +355,14 @@ def nsa_path_blocks_fwd_kernel(
         o_s = s0 + tl.arange(0, BSB)
         m_s = (o_s < S) & (S0 + o_s < L)
         p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
+        p_w = w + i_n * s_wn + o_b[:, None] * s_wb + o_s[None, :]
+        b_w = tl.load(p_w, mask=(o_b < NBP)[:, None] & m_s[None, :], other=0.0)                # [NBPP, BSB]
         b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
+        # the weights are 0 or 1/l: exact products, fp32 sums
+        b_ak += tl.dot(b_w, b_k, input_precision="ieee")
         if WANT_V:
             b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
-        for b in tl.static_range(NBPP):
-            b_w = tl.load(w + i_n * s_wn + b * s_wb + o_s, mask=m_s & (b < NBP), other=0.0)     # [BSB]
-            m_b = (o_b == b)[:, None]
-            b_ak += tl.where(m_b, tl.sum(b_w[:, None] * b_k, 0)[None, :], 0.0)                 # [NBPP, D]
-            if WANT_V:
-                b_av += tl.where(m_b, tl.sum(b_w[:, None] * b_v, 0)[None, :], 0.0)
+            b_av += tl.dot(b_w, b_v, input_precision="ieee")
     o_o = i_n * s_pn + i_h * s_ph + o_b[:, None] * s_pb + o_d[None, :]
     m_o = (o_b < NBP)[:, None]
     tl.store(kp + o_o, b_ak, mask=m_o)
