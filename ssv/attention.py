@@ -160,8 +160,7 @@ class TritonNSAPlan(_HostSlots):
                 raise ValueError("the cache keeps no compressed blocks for this NSA configuration")
             kp, vp = path_blocks(self.w, self.s0, k, v, m.prefix_len, m.n, values=gated)
             idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer],
-                                         num_cmp_blocks(m.prefix_len, cfg), kp, kp if vp is None else vp,
-                                         self.n_path, m.positions,
+                                         num_cmp_blocks(m.prefix_len, cfg), kp, vp, self.n_path, m.positions,
                                          cfg, want_o=gated, max_pos=self.max_pos)
             if refresh:
                 self._indices = idx

@@ -102,8 +102,7 @@ class KernelNSAPlan(_DevicePlanBase):
             n = q.shape[0]
             kp, vp = path_blocks(self.w, self.s0, k, v, self.plen, n, kernel=True, out=(self._kp, self._vp),
                                  values=gated)
-            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer], self.nbpre, kp,
-                                         kp if vp is None else vp,
+            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer], self.nbpre, kp, vp,
                                          self.n_path, self.positions, cfg, want_o=gated, max_pos=k.shape[1] - 1)
             if refresh:
                 self._indices = idx

@@ -26,11 +26,12 @@ from ssv.ops.utils import pow2, sm_count
 
 
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks,
-              k_path: torch.Tensor, v_path: torch.Tensor, n_path: torch.Tensor, positions: torch.Tensor,
+              k_path: torch.Tensor, v_path: Optional[torch.Tensor], n_path: torch.Tensor, positions: torch.Tensor,
               cfg: NSAConfig, want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k_path/v_path
-    [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q).
+    [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q); v_path may be
+    None unless want_o (the values feed o_cmp alone: `path_blocks(values=False)`).
 
     n_prefix_blocks: an int, or an int32 [1] device tensor (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
@@ -58,7 +59,10 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
     pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
-    kp, vp = k_path.contiguous(), v_path.contiguous()
+    if v_path is None and want_o:
+        raise ValueError("nsa_route: want_o needs the path blocks' values")
+    kp = k_path.contiguous()
+    vp = kp if v_path is None else v_path.contiguous()   # values read only for o_cmp
     imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
     tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
     pp = torch.empty(n, hkv, nbp, **f32)
