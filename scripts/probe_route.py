@@ -1,9 +1,9 @@
-"""Routing v2 against v1 (bench/results/route-v2/route_old.py) on the H200: each variant's time
-replayed from a CUDA graph, each launch's device time (torch.profiler over eager calls), and the
-selections compared. Prints a table, writes JSON."""
+"""Routing with the path-specific blocks folded into its launches against the previous form, a
+path-block launch and then routing over its output (bench/results/route-v3/route_prev.py), on the
+H200: each variant's time replayed from a CUDA graph, each launch's device time (torch.profiler over
+eager calls), and the selections compared. Prints a table, writes JSON."""
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib.util
 import json
@@ -18,11 +18,9 @@ import triton.testing
 from ssv.bench.kernels import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
-import ssv.ops.nsa.route as route_mod
-import ssv.ops.nsa.route_policy as policy
-from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
+from ssv.ops.nsa.route import nsa_route, path_block_weights
 
-spec = importlib.util.spec_from_file_location("route_old", "bench/results/route-v2/route_old.py")
+spec = importlib.util.spec_from_file_location("route_prev", "bench/results/route-v3/route_prev.py")
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 
@@ -42,8 +40,7 @@ def case(shape, T, N, gen, dtype=torch.bfloat16):
     vc = torch.randn_like(kc)
     k = torch.randn(hkv, T + N, d, device="cuda", dtype=dtype)
     w, s0, npath = path_block_weights(T, pos, mask.cuda(), cfg)
-    kp, vp = path_blocks(w, s0, k, k, T, N)
-    return q, kc, vc, nb, kp, vp, npath, pos, cfg, int(pos.max())
+    return q, kc, vc, nb, k, w, s0, npath, pos, cfg, int(pos.max())
 
 
 def timed(fn):
@@ -66,25 +63,21 @@ def main(out):
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                date=datetime.date.today().isoformat(), commit=os.environ.get("SSV_COMMIT", "?"))
     for shape, T, N in CASES:
-        q, kc, vc, nb, kp, vp, npath, pos, cfg, mp = case(shape, T, N, gen)
-        args = (q, kc, vc, nb, kp, vp, npath, pos, cfg)
-        ref = old.nsa_route(*args, max_pos=mp)
-        variants = [("v1", None, lambda: old.nsa_route(*args, max_pos=mp))]
-        variants.append(("v2", None, lambda: nsa_route(*args, max_pos=mp)))
+        q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp = case(shape, T, N, gen)
+        args = (q, kc, vc, nb, k, k, w, s0, npath, pos, cfg)
+
+        def prev(**kw):
+            kp, vp = old.path_blocks(w, s0, k, k, T, N, values=False)
+            return old.nsa_route(q, kc, vc, nb, kp, vp, npath, pos, cfg, max_pos=mp, **kw)
+        ref = prev()
+        variants = [("path launch + route", None, prev)]
+        variants.append(("folded", None, lambda: nsa_route(*args, max_pos=mp)))
         if nb > 320:   # the other form beside the policy's choice
-            variants.append(("v2 fused", None, lambda: nsa_route(*args, max_pos=mp, fused=True)))
+            variants.append(("path launch + route fused", None, lambda: prev(fused=True)))
+            variants.append(("folded fused", None, lambda: nsa_route(*args, max_pos=mp, fused=True)))
         else:
-            variants.append(("v2 split", None, lambda: nsa_route(*args, max_pos=mp, fused=False)))
-        if T >= 65536:
-            def four_warps(*a, _plan=policy.plan_route, **k):
-                return dataclasses.replace(_plan(*a, **k), topk_warps=4)
-            def fn4():
-                route_mod.plan_route = four_warps
-                try:
-                    return nsa_route(*args, max_pos=mp)
-                finally:
-                    route_mod.plan_route = policy.plan_route
-            variants.append(("v2 top-n 4 warps", None, fn4))
+            variants.append(("path launch + route split", None, lambda: prev(fused=False)))
+            variants.append(("folded split", None, lambda: nsa_route(*args, max_pos=mp, fused=False)))
         for name, par, fn in variants:
             try:
                 us, per = timed(fn)
@@ -95,7 +88,7 @@ def main(out):
             same = torch.equal(got[0], ref[0])
             dimp = float((got[1] - ref[1]).nan_to_num(0, 0, 0).abs().max())
             rows.append(dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
-                             idx_equal_v1=same, idx_diff_rows=int((got[0] != ref[0]).any(-1).sum()),
+                             idx_equal_prev=same, idx_diff_rows=int((got[0] != ref[0]).any(-1).sum()),
                              max_imp_diff=dimp))
             json.dump(dict(env=env, rows=rows), open(out, "w"), indent=1)
             print(f"{shape:13s} {T:6d} {N:3d} {name:22s} {us:7.1f} us  same={same} "

@@ -148,7 +148,7 @@ class TritonNSAPlan(_HostSlots):
 
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
         from ssv.ops.nsa.naive import num_cmp_blocks
-        from ssv.ops.nsa.route import nsa_route, path_blocks
+        from ssv.ops.nsa.route import nsa_route
         from ssv.ops.nsa.verify import nsa_verify, num_counters
         m, cfg, opts = self.meta, self.cfg, self.opts
         k, v = cache.k[layer], cache.v[layer]
@@ -158,10 +158,9 @@ class TritonNSAPlan(_HostSlots):
         if refresh or gated:
             if not _same_blocks(cache.nsa, cfg) or cache.k_cmp.shape[2] == 0:
                 raise ValueError("the cache keeps no compressed blocks for this NSA configuration")
-            kp, vp = path_blocks(self.w, self.s0, k, v, m.prefix_len, m.n, values=gated)
             idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer],
-                                         num_cmp_blocks(m.prefix_len, cfg), kp, vp, self.n_path, m.positions,
-                                         cfg, want_o=gated, max_pos=self.max_pos)
+                                         num_cmp_blocks(m.prefix_len, cfg), k, v, self.w, self.s0, self.n_path,
+                                         m.positions, cfg, want_o=gated, max_pos=self.max_pos)
             if refresh:
                 self._indices = idx
                 if self.record is not None:

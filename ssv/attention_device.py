@@ -70,11 +70,7 @@ class KernelNSAPlan(_DevicePlanBase):
         self.cfg, self.opts = cfg, opts or VerifyOptions()
         hkv, d = cache.k.shape[1], cache.k.shape[3]
         dev = cache.k.device
-        nbp = n // cfg.cmp_stride + 1
-        # fixed outputs every layer overwrites: the path-specific compressed keys/values, the
-        # folded merges' counters (zero, left zero by every launch)
-        self._kp = torch.zeros(n, hkv, nbp, d, device=dev, dtype=torch.float32)
-        self._vp = torch.zeros_like(self._kp)
+        # the folded merges' counters: zero, left zero by every launch
         self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.opts.group_size), device=dev,
                                      dtype=torch.int32)
         self._meta = None
@@ -91,7 +87,7 @@ class KernelNSAPlan(_DevicePlanBase):
         self._indices = None
 
     def run(self, layer, q, cache, gates=None):
-        from ssv.ops.nsa.route import nsa_route, path_blocks
+        from ssv.ops.nsa.route import nsa_route
         from ssv.ops.nsa.verify import nsa_verify
         cfg, opts = self.cfg, self.opts
         k, v = cache.k[layer], cache.v[layer]
@@ -99,11 +95,9 @@ class KernelNSAPlan(_DevicePlanBase):
         refresh = opts.refreshes(layer) or self._indices is None
         o_cmp = None
         if refresh or gated:
-            n = q.shape[0]
-            kp, vp = path_blocks(self.w, self.s0, k, v, self.plen, n, kernel=True, out=(self._kp, self._vp),
-                                 values=gated)
-            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer], self.nbpre, kp, vp,
-                                         self.n_path, self.positions, cfg, want_o=gated, max_pos=k.shape[1] - 1)
+            idx, _, _, o_cmp = nsa_route(q, cache.k_cmp[layer], cache.v_cmp[layer], self.nbpre, k, v, self.w,
+                                         self.s0, self.n_path, self.positions, cfg, want_o=gated,
+                                         max_pos=k.shape[1] - 1)
             if refresh:
                 self._indices = idx
         o, _, _ = nsa_verify(q, k, v, self.plen, self.positions, self.tmask, self._indices, cfg.slc_block,

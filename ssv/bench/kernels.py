@@ -155,7 +155,7 @@ def copy_bandwidth() -> float:
 
 def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=()):
     from ssv.ops.nsa.naive import num_cmp_blocks
-    from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks
+    from ssv.ops.nsa.route import nsa_route, path_block_weights
     from ssv.ops.nsa.verify import nsa_verify, num_counters
 
     hq, hkv, d = SHAPES[shape]
@@ -193,8 +193,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
 
     def route():
         i = nxt()
-        kp, vp = path_blocks(w, s0, k[i], v[i], T, N)
-        nsa_route(q, kc[i], vc[i], nb, kp, vp, npath, pos, cfg, max_pos=max_pos)
+        nsa_route(q, kc[i], vc[i], nb, k[i], v[i], w, s0, npath, pos, cfg, max_pos=max_pos)
 
     ub = unique_bytes(idx.cpu(), pos.cpu(), T, N, cfg, d, elt)
     rows = []

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 from ssv.config import NSAConfig  # noqa: E402
 from ssv.ops.nsa.naive import compress_mean, nsa_naive, num_cmp_blocks, select_blocks  # noqa: E402
-from ssv.ops.nsa.route import nsa_route, path_block_weights, path_blocks  # noqa: E402
+from ssv.ops.nsa.route import nsa_route, path_block_weights  # noqa: E402
 from ssv.ops.nsa.verify import nsa_verify  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -252,32 +252,6 @@ def test_verify_edge_cases(name, gating):
         assert_lse(lse_b, ref.lse_win, 50 * tol(DTYPES[0]))
 
 
-@pytest.mark.parametrize("case", [(0, 150, 7, 2, 16, {}), (1, 301, 12, 3, 32, dict(cmp_block=16, cmp_stride=8)),
-                                  (2, 37, 5, 1, 16, {}), (3, 96, 9, 2, 64, dict(cmp_block=32, cmp_stride=16)),
-                                  (4, 200, 40, 2, 16, {}), (5, 260, 128, 1, 32, {})])
-@pytest.mark.parametrize("values", [True, False])
-def test_path_blocks_kernel_matches_torch(case, values):
-    """The path-specific compressed keys/values of one launch equal the einsum, into NaN-poisoned
-    outputs; keys alone (values=False) leave the value buffer as it was."""
-    from ssv.ops.nsa.route import path_blocks_torch
-    seed, P, N, hkv, D, over = case
-    cfg = NSAConfig(**{**CFG, **over})
-    q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, 2, D, DTYPES[0], cfg, chain=seed >= 4)
-    w, s0, _ = path_block_weights(P, pos, mask, cfg)
-    assert w.shape[1] == (0 if seed == 3 else 10 if seed == 4 else 32 if seed == 5 else 1)  # none, one, many
-    want = path_blocks_torch(w, s0, k, v, P, N)
-    nbp = max(w.shape[1], 1)
-    out = tuple(torch.full((N, hkv, nbp, D), float("nan"), device=DEV) for _ in range(2))
-    if w.shape[1] == 0:
-        out = tuple(torch.zeros_like(o) for o in out)
-    got = path_blocks(w.to(DEV), s0, k.to(DEV), v.to(DEV), P, N, kernel=True, out=out, values=values)
-    if not values:
-        assert got[1] is None and (out[1].isnan().all() or w.shape[1] == 0)
-        got, want = got[:1], want[:1]
-    for g, ref in zip(got, want):
-        assert g.shape == ref.shape and rel_err(g, ref) < tol(DTYPES[0]) or ref.norm() == 0 and g.norm() == 0
-
-
 @pytest.mark.parametrize("C", [1, 4])
 def test_verify_repeated_block_in_one_list_counts_once(C):
     """A list such as [a, a, c, ...] (ascending, not strictly) attends to block a once, like the reference."""
@@ -319,10 +293,9 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     else:  # the kernels still need a real (never read) buffer
         kc = vc = torch.zeros(hkv, 1, D)
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
-    kp, vp = path_blocks(w, s0, k, v, P, N)
-    idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, kp.to(DEV),
-                                     vp.to(DEV), npath.to(DEV), pos.to(DEV), cfg, want_o=True, n_split=split,
-                                     fused=fused)
+    idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV),
+                                     v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
+                                     n_split=split, fused=fused)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)

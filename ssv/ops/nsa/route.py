@@ -4,7 +4,8 @@ The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Tw
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
   split (long caches), flash-decoding style so that the keys spread over the whole GPU:
-    1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states;
+    1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states (the last
+       split also the path-specific blocks, scored from the cache's slots);
     2. `nsa_route_imp_fwd_kernel`  (query group, KV head, split): the final log-sum-exp, then the
        importance of a range of whole selection blocks;
     3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
@@ -18,22 +19,23 @@ from typing import Optional
 import torch
 
 from ssv.config import NSAConfig
-from ssv.ops.nsa.route_kernels import (nsa_path_blocks_fwd_kernel, nsa_route_fused_fwd_kernel,
-                                       nsa_route_imp_fwd_kernel, nsa_route_lse_fwd_kernel,
-                                       nsa_route_topk_fwd_kernel)
+from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_imp_fwd_kernel,
+                                       nsa_route_lse_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import plan_route
 from ssv.ops.utils import pow2, sm_count
 
 
-def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks,
-              k_path: torch.Tensor, v_path: Optional[torch.Tensor], n_path: torch.Tensor, positions: torch.Tensor,
-              cfg: NSAConfig, want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
+def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
+              v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
+              want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None):
-    """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k_path/v_path
-    [N, Hkv, NBP, D] path-specific blocks (n_path[q] of them complete for query q); v_path may be
-    None unless want_o (the values feed o_cmp alone: `path_blocks(values=False)`).
+    """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
+    cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
+    the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
+    for query q. The path blocks' keys are never formed: their scores are weighted sums of the slots'
+    (`path_blocks_torch` is the product they stand for); values are read for o_cmp (want_o) alone.
 
-    n_prefix_blocks: an int, or an int32 [1] device tensor (a graph replays at any length; the
+    n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
     fused / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
@@ -45,51 +47,58 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     g = hq // hkv
     dev = q.device
     scale = d ** -0.5 if scale is None else scale
-    nbp = k_path.shape[2]
+    if w.dim() != 3 or w.shape[0] != n or w.dtype != torch.float32:
+        raise ValueError(f"nsa_route: path weights must be fp32 [{n}, NBP, S], got {tuple(w.shape)} {w.dtype}")
+    if k.shape[0] != hkv or k.shape[2] != d or k.stride(2) != 1 or v.stride() != k.stride():
+        raise ValueError("nsa_route: k and v must be [Hkv, L, D] with equal strides and a contiguous last dimension")
+    nbp, n_slots = w.shape[1], w.shape[2]
+    wc = w.contiguous() if w.numel() else torch.zeros(n, 1, 1, device=dev, dtype=torch.float32)
     if isinstance(n_prefix_blocks, torch.Tensor):
         nbpre_t, nbpre = n_prefix_blocks, k_cmp.shape[1]   # sized for the capacity, read in the kernels
     else:
         nbpre = int(n_prefix_blocks)
         nbpre_t = torch.full((1,), nbpre, device=dev, dtype=torch.int32)
+    s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
     lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused)
     r, a = lp.r, lp.a
+    nbpp, sb = pow2(max(nbp, 1), 1), pow2(min(n_slots, 128))   # path blocks, a slot tile
     f32 = dict(device=dev, dtype=torch.float32)
     npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
     pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
-    if v_path is None and want_o:
-        raise ValueError("nsa_route: want_o needs the path blocks' values")
-    kp = k_path.contiguous()
-    vp = kp if v_path is None else v_path.contiguous()   # values read only for o_cmp
     imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
     tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
-    pp = torch.empty(n, hkv, nbp, **f32)
+    pp = torch.empty(n, hkv, max(nbp, 1), **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
     rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp)
     top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
                FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local)
-    kst = (q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), hq)
+    cache = (k, v, wc, s0_t, npath, nbpre_t)
+    kst = (q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1))
+    pst = (k.stride(0), k.stride(1), wc.stride(0), wc.stride(1))
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
     if lp.fused:
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
-            q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, float(scale),
-            *kst, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, num_warps=4)
+            q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
+            float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
+            num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     m_part = torch.empty(lp.n_split, n, hq, **f32)
     l_part = torch.empty(lp.n_split, n, hq, **f32)
     a_part = torch.empty(lp.n_split, n, hq, d, **f32) if want_o else m_part
+    sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
     grid = (lp.n_groups, hkv, lp.n_split)
     nsa_route_lse_fwd_kernel[grid](
-        q, k_cmp, v_cmp, kp, vp, npath, nbpre_t, m_part, l_part, a_part, n, nbp, float(scale), *kst, **rows,
-        num_warps=4)
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, n_slots, k.shape[1], float(scale), *kst,
+        *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
-        q, k_cmp, kp, npath, nbpre_t, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbp, nbs, float(scale),
-        *kst, *ist, R=r, A=a, **rows, num_warps=4)
+        q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbp, nbs, float(scale),
+        *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
         imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
         num_warps=lp.topk_warps)
@@ -147,7 +156,8 @@ def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_
 
 
 def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
-    """The same product in plain PyTorch (the CPU path and the kernel's reference)."""
+    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product whose
+    scores the routing kernels compute without forming it (and a check of the weights)."""
     kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
     kp = torch.einsum("nbs,hsd->nhbd", w, kt)
     vp = torch.einsum("nbs,hsd->nhbd", w, vt)
@@ -155,43 +165,3 @@ def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor
         kp = kp.new_zeros(kp.shape[0], kp.shape[1], 1, kp.shape[3])
         vp = torch.zeros_like(kp)
     return kp, vp
-
-
-def path_blocks(w: torch.Tensor, s0, k: torch.Tensor, v: torch.Tensor, prefix_len, n: int,
-                kernel: Optional[bool] = None, out: Optional[tuple] = None, values: bool = True):
-    """k, v [Hkv, L, D] -> k_path, v_path [N, Hkv, NBP, D] fp32 (NBP >= 1 so the kernels get a real pointer).
-
-    kernel (default: on CUDA): one launch instead of slicing, casting and two einsums per layer.
-    s0 / prefix_len: ints, or (kernel only) device tensors as `path_block_weights_device` returns
-    them, w then covering a fixed number of slots from s0 (zero weight past the step).
-    values: False computes the keys alone (routing reads the values only for gated NSA's
-    compressed branch) and returns v_path as None.
-    """
-    kernel = k.is_cuda if kernel is None else kernel
-    if not kernel:
-        kp, vp = path_blocks_torch(w, int(s0), k, v, int(prefix_len), n)
-        return kp, (vp if values else None)
-    nq, nbp, S = w.shape
-    hkv, _, d = k.shape
-    if isinstance(s0, torch.Tensor):
-        s0_t = s0
-    else:
-        if S != prefix_len + n - s0:
-            raise ValueError(f"path weights cover {S} slots, the step has {prefix_len + n - s0} from slot {s0}")
-        s0_t = torch.full((1,), int(s0), device=k.device, dtype=torch.int32)
-    if k.stride(2) != 1 or v.stride() != k.stride():
-        raise ValueError("k and v must share strides with a contiguous last dimension")
-    if out is None:  # every entry is written when there are path blocks; else one zero block (never read)
-        new = torch.empty if nbp else torch.zeros
-        out = tuple(new(nq, hkv, max(nbp, 1), d, device=k.device, dtype=torch.float32) for _ in range(2))
-    kp, vp = out
-    if kp.shape != (nq, hkv, max(nbp, 1), d) or vp.stride() != kp.stride() or kp.dtype != torch.float32:
-        raise ValueError(f"path-block outputs must be two fp32 [{nq}, {hkv}, {max(nbp, 1)}, {d}] with equal strides")
-    if nq and nbp:
-        wc = w.contiguous()
-        nbpp = pow2(nbp)
-        nsa_path_blocks_fwd_kernel[(nq, hkv)](
-            wc, k, v, kp, vp, s0_t, S, nbp, k.shape[1], wc.stride(0), wc.stride(1), k.stride(0), k.stride(1),
-            kp.stride(0), kp.stride(1), kp.stride(2), BSB=64, D=d, NBPP=nbpp, WANT_V=bool(values),
-            num_warps=4)
-    return kp, (vp if values else None)

@@ -19,12 +19,32 @@ def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
 
 
 @triton.jit
-def _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb):
-    # scores of each row's own path-specific block b (a different key per query): [BM]
-    m_b = m_r & (b < b_np)
-    p_b = o_qi[:, None] * s_pn + i_h * s_ph + b * s_pb + o_d[None, :]
-    b_k = tl.load(kp + p_b, mask=m_b[:, None], other=0.0)
-    return tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1), m_b, p_b
+def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM: tl.constexpr,
+                 SB: tl.constexpr, NBPP: tl.constexpr):
+    # scores of each row's path-specific compressed keys without forming them: a block's key is the
+    # mean of its slots' keys (w[n, b, s] = 1/l on them, else 0), so q.key = sum_s w[n, b, s] (q.k_s).
+    # One [BM, SB] dot a tile of the step's slots [S0, S0 + S) replaces a launch and an fp32 buffer
+    # a layer; the weight gates the product (never 0 * a stale slot's value). [BM, NBPP] raw scores
+    o_b = tl.arange(0, NBPP)
+    b_sp = tl.zeros([BM, NBPP], tl.float32)
+    for j0 in range(0, S, SB):
+        o_s = j0 + tl.arange(0, SB)
+        m_s = (o_s < S) & (S0 + o_s < L)
+        b_k = tl.load(k + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
+        b_st = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")                    # [BM, SB]
+        for b in range(0, NBP):
+            b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                          other=0.0)                                                    # [BM, SB]
+            b_c = tl.sum(tl.where(b_w != 0.0, b_w * b_st, 0.0), 1)                       # [BM]
+            b_sp += tl.where(o_b[None, :] == b, b_c[:, None], 0.0)
+    return b_sp
+
+
+@triton.jit
+def _path_mask(npath, o_qi, m_r, NBPP: tl.constexpr):
+    # the path-specific blocks each row's query completes: [BM, NBPP]
+    b_np = tl.load(npath + o_qi, mask=m_r, other=0)
+    return m_r[:, None] & (tl.arange(0, NBPP)[None, :] < b_np[:, None])
 
 
 @triton.jit
@@ -69,23 +89,32 @@ def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constex
 
 
 @triton.jit
-def _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_m, b_l, b_a,
-              WANT_O: tl.constexpr):
-    # each query's own path-specific blocks (at most NBP, npath[q] of them complete)
-    b_np = tl.load(npath + o_qi, mask=m_r, other=0)
-    for b in range(0, NBP):
-        b_s, m_b, p_b = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
-        b_s = tl.where(m_b, b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, b_s)
-        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_p = tl.exp2(b_s - b_ms)
-        b_al = tl.exp2(b_m - b_ms)
-        b_l = b_l * b_al + b_p
-        if WANT_O:
-            b_v = tl.load(vp + p_b, mask=m_b[:, None], other=0.0)
-            b_a = b_a * b_al[:, None] + b_p[:, None] * b_v.to(tl.float32)
-        b_m = b_mn
-    return b_m, b_l, b_a
+def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, b_m, b_l, b_a,
+              BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr):
+    # each query's own path-specific blocks (m_b: the complete ones) into the softmax state; their
+    # values (gated NSA) as sum_s (sum_b p_b w[n, b, s]) v_s, a [BM, SB] x [SB, D] product a tile
+    b_s = tl.where(m_b, b_sp, float("-inf"))
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_p = tl.exp2(b_s - b_ms[:, None])                                                # [BM, NBPP]
+    b_al = tl.exp2(b_m - b_ms)
+    b_l = b_l * b_al + tl.sum(b_p, 1)
+    if WANT_O:
+        b_a = b_a * b_al[:, None]
+        o_b = tl.arange(0, NBPP)
+        for j0 in range(0, S, SB):
+            o_s = j0 + tl.arange(0, SB)
+            m_s = (o_s < S) & (S0 + o_s < L)
+            b_pw = tl.zeros([BM, SB], tl.float32)
+            for b in range(0, NBP):
+                b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                              other=0.0)
+                b_pb = tl.sum(tl.where(o_b[None, :] == b, b_p, 0.0), 1)
+                b_pw += b_w * b_pb[:, None]
+            b_v = tl.load(v + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
+            b_v = tl.where(tl.max(b_pw, 0)[:, None] > 0, b_v.to(tl.float32), 0.0)    # [SB, D], unused slots 0
+            b_a += tl.dot(b_pw, b_v, input_precision="ieee")
+    return b_mn, b_l, b_a
 
 
 @triton.jit
@@ -133,15 +162,13 @@ def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBP
 
 
 @triton.jit
-def _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-              CR: tl.constexpr, GP: tl.constexpr):
+def _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh, CR: tl.constexpr, GP: tl.constexpr,
+              NBPP: tl.constexpr):
     # each query's path-specific blocks' probabilities summed over its heads: pp [N, Hkv, NBP]
-    b_np = tl.load(npath + o_qi, mask=m_r, other=0)
-    for b in range(0, NBP):
-        b_s, m_b, _ = _path_scores(b_q, kp, o_qi, i_h, b, m_r, b_np, o_d, s_pn, s_ph, s_pb)
-        b_p = tl.where(m_b, tl.exp2(b_s - b_lsafe), 0.0)
-        b_ps = tl.sum(tl.reshape(b_p, [CR, GP]), 1)
-        tl.store(pp + o_qc * s_un + i_h * s_uh + b, b_ps, mask=m_c)
+    b_p = tl.where(m_b, tl.exp2(b_sp - b_lsafe[:, None]), 0.0)                        # [BM, NBPP]
+    b_ps = tl.sum(tl.reshape(b_p, [CR, GP, NBPP]), 1)                                   # [CR, NBPP]
+    o_b = tl.arange(0, NBPP)
+    tl.store(pp + o_qc[:, None] * s_un + i_h * s_uh + o_b[None, :], b_ps, mask=m_c[:, None] & (o_b < NBP)[None, :])
 
 
 @triton.jit
@@ -218,14 +245,15 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
 
 @triton.jit
 def nsa_route_lse_fwd_kernel(
-    q, kc, vc, kp, vp, npath, nbpre, m_out, l_out, a_out,
-    N, NBP, scale,
-    s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ,
+    q, kc, vc, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out,
+    N, NBP, S, L, scale,
+    s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, GP: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr,
 ):
     # split launch 1, grid (query groups, Hkv, splits): partial softmax state of a range of the
-    # committed compression blocks in whole BC tiles (split 0 also the path-specific blocks)
+    # committed compression blocks in whole BC tiles; the last split (idle while the context is
+    # short of the capacity) also the path-specific blocks, whose raw scores it keeps in sp
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NBPRE = tl.load(nbpre)
     BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), tl.num_programs(2)), BC) * BC
@@ -236,9 +264,14 @@ def nsa_route_lse_fwd_kernel(
     i_lo = i_s * BPS
     b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, i_lo, tl.minimum(i_lo + BPS, NBPRE), o_d,
                                s_kb, b_m, b_l, b_a, BC, WANT_O)
-    if i_s == 0:
-        b_m, b_l, b_a = _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_m, b_l, b_a,
-                                  WANT_O)
+    if i_s == tl.num_programs(2) - 1:
+        S0 = tl.load(s0p)
+        b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
+        m_b = _path_mask(npath, o_qi, m_r, NBPP)
+        b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb,
+                                  b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
+        o_b = tl.arange(0, NBPP)
+        tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None])
     p_part = (i_s * N + o_qi) * HQ + o_hq
     tl.store(m_out + p_part, b_m, mask=m_r)
     tl.store(l_out + p_part, b_l, mask=m_r)
@@ -248,14 +281,14 @@ def nsa_route_lse_fwd_kernel(
 
 @triton.jit
 def nsa_route_imp_fwd_kernel(
-    q, kc, kp, npath, nbpre, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
+    q, kc, npath, nbpre, sp, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
     N, NBP, NBS, scale,
-    s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh,
+    s_qn, s_qh, s_kh, s_kb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, NBPP: tl.constexpr,
 ):
     # split launch 2, same grid: the final log-sum-exp from the splits' states, then the importance
-    # of a range of whole selection blocks (split 0 also the path-specific blocks' sums)
+    # of a range of whole selection blocks (the last split also the path-specific blocks' sums)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
     NBPRE = tl.load(nbpre)
@@ -281,9 +314,11 @@ def nsa_route_imp_fwd_kernel(
     j_lo = i_s * JPS
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
                tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
-    if i_s == 0:
-        _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-                  CR, GP)
+    if i_s == NSPLIT - 1:
+        o_b = tl.arange(0, NBPP)
+        b_sp = tl.load(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], mask=m_r[:, None], other=0.0)
+        _imp_path(b_sp, _path_mask(npath, o_qi, m_r, NBPP), b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh,
+                  CR, GP, NBPP)
 
 
 @triton.jit
@@ -302,69 +337,37 @@ def nsa_route_topk_fwd_kernel(
 
 @triton.jit
 def nsa_route_fused_fwd_kernel(
-    q, kc, vc, kp, vp, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
-    N, NBP, NBS, scale,
-    s_qn, s_qh, s_kh, s_kb, s_pn, s_ph, s_pb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
+    q, kc, vc, k, v, w, s0p, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
+    N, NBP, NBS, S, L, scale,
+    s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    SB: tl.constexpr, NBPP: tl.constexpr,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
     i_g, i_h = tl.program_id(0), tl.program_id(1)
     NBPRE = tl.load(nbpre)
+    S0 = tl.load(s0p)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
     b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
                                WANT_O)
-    b_m, b_l, b_a = _lse_path(b_q, kp, vp, npath, o_qi, i_h, m_r, o_d, NBP, s_pn, s_ph, s_pb, b_m, b_l, b_a,
-                              WANT_O)
+    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
+    m_b = _path_mask(npath, o_qi, m_r, NBPP)
+    b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb,
+                              b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
                _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
-    _imp_path(b_q, b_lsafe, kp, pp, npath, o_qi, i_h, m_r, o_qc, m_c, o_d, NBP, s_pn, s_ph, s_pb, s_un, s_uh,
-              CR, GP)
+    _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh, CR, GP, NBPP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
     for c in tl.static_range(0, CR, QC):
         o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
         _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, o_q < N, i_h, s_in, s_ih,
                    s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
-
-
-@triton.jit
-def nsa_path_blocks_fwd_kernel(
-    w, k, v, kp, vp, s0p, S, NBP, L, s_wn, s_wb, s_kh, s_kt, s_pn, s_ph, s_pb,
-    BSB: tl.constexpr, D: tl.constexpr, NBPP: tl.constexpr, WANT_V: tl.constexpr,
-):
-    # one program per (query, KV head): its path-specific compressed keys (values only for gated
-    # NSA's compressed branch: routing reads them nowhere else), w[n, :] @ k[h, s0:], every path block
-    # of a slot tile at once (each K/V tile is loaded once, not once per block); s0 is read from
-    # device memory (it moves with the context length), slots stop at the cache's end L.
-    # Measured slower on the H200 (bench/NOTES.md, "Path blocks"): per-block axis-0 sums (3.2x)
-    i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    S0 = tl.load(s0p)
-    o_d = tl.arange(0, D)
-    o_b = tl.arange(0, NBPP)
-    b_ak = tl.zeros([NBPP, D], tl.float32)
-    b_av = tl.zeros([NBPP, D], tl.float32)
-    for s0 in range(0, S, BSB):
-        o_s = s0 + tl.arange(0, BSB)
-        m_s = (o_s < S) & (S0 + o_s < L)
-        p_t = (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :]
-        p_w = w + i_n * s_wn + o_b[:, None] * s_wb + o_s[None, :]
-        b_w = tl.load(p_w, mask=(o_b < NBP)[:, None] & m_s[None, :], other=0.0)                # [NBPP, BSB]
-        b_k = tl.load(k + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)   # [BSB, D]
-        # the weights are 0 or 1/l: exact products, fp32 sums
-        b_ak += tl.dot(b_w, b_k, input_precision="ieee")
-        if WANT_V:
-            b_v = tl.load(v + i_h * s_kh + p_t, mask=m_s[:, None], other=0.0).to(tl.float32)
-            b_av += tl.dot(b_w, b_v, input_precision="ieee")
-    o_o = i_n * s_pn + i_h * s_ph + o_b[:, None] * s_pb + o_d[None, :]
-    m_o = (o_b < NBP)[:, None]
-    tl.store(kp + o_o, b_ak, mask=m_o)
-    if WANT_V:
-        tl.store(vp + o_o, b_av, mask=m_o)
