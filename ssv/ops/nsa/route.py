@@ -4,8 +4,8 @@ The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Tw
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
   split (long caches), flash-decoding style so that the keys spread over the whole GPU:
-    1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states (the last
-       split also the path-specific blocks, scored from the cache's slots);
+    1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states, the
+       compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
     2. `nsa_route_imp_fwd_kernel`  (query group, KV head, split): the final log-sum-exp, then the
        importance of a range of whole selection blocks;
     3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
@@ -88,17 +88,18 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
             num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
-    m_part = torch.empty(lp.n_split, n, hq, **f32)
-    l_part = torch.empty(lp.n_split, n, hq, **f32)
-    a_part = torch.empty(lp.n_split, n, hq, d, **f32) if want_o else m_part
+    nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
+    m_part = torch.empty(nst, n, hq, **f32)
+    l_part = torch.empty(nst, n, hq, **f32)
+    a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
     sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
-    grid = (lp.n_groups, hkv, lp.n_split)
+    grid = (lp.n_groups, hkv, nst)
     nsa_route_lse_fwd_kernel[grid](
-        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, n_slots, k.shape[1], float(scale), *kst,
-        *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, lp.n_split, n_slots, k.shape[1], float(scale),
+        *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
-        q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbp, nbs, float(scale),
-        *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
+        q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
+        float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
         imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
         num_warps=lp.topk_warps)

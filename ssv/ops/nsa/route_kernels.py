@@ -19,12 +19,13 @@ def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
 
 
 @triton.jit
-def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM: tl.constexpr,
+def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, BM: tl.constexpr,
                  SB: tl.constexpr, NBPP: tl.constexpr):
     # scores of each row's path-specific compressed keys without forming them: a block's key is the
     # mean of its slots' keys (w[n, b, s] = 1/l on them, else 0), so q.key = sum_s w[n, b, s] (q.k_s).
     # One [BM, SB] dot a tile of the step's slots [S0, S0 + S) replaces a launch and an fp32 buffer
     # a layer; the weight gates the product (never 0 * a stale slot's value). [BM, NBPP] raw scores
+    # of the blocks [b_lo, b_hi) (0 elsewhere)
     o_b = tl.arange(0, NBPP)
     b_sp = tl.zeros([BM, NBPP], tl.float32)
     for j0 in range(0, S, SB):
@@ -32,7 +33,7 @@ def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM:
         m_s = (o_s < S) & (S0 + o_s < L)
         b_k = tl.load(k + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
         b_st = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")                    # [BM, SB]
-        for b in range(0, NBP):
+        for b in range(b_lo, b_hi):
             b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
                           other=0.0)                                                    # [BM, SB]
             b_c = tl.sum(tl.where(b_w != 0.0, b_w * b_st, 0.0), 1)                       # [BM]
@@ -41,10 +42,11 @@ def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM:
 
 
 @triton.jit
-def _path_mask(npath, o_qi, m_r, NBPP: tl.constexpr):
-    # the path-specific blocks each row's query completes: [BM, NBPP]
+def _path_mask(npath, o_qi, m_r, b_lo, b_hi, NBPP: tl.constexpr):
+    # of the blocks [b_lo, b_hi), those each row's query completes: [BM, NBPP]
     b_np = tl.load(npath + o_qi, mask=m_r, other=0)
-    return m_r[:, None] & (tl.arange(0, NBPP)[None, :] < b_np[:, None])
+    o_b = tl.arange(0, NBPP)
+    return m_r[:, None] & (o_b[None, :] < b_np[:, None]) & ((o_b >= b_lo) & (o_b < b_hi))[None, :]
 
 
 @triton.jit
@@ -89,7 +91,7 @@ def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constex
 
 
 @triton.jit
-def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, b_m, b_l, b_a,
+def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, b_m, b_l, b_a,
               BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr):
     # each query's own path-specific blocks (m_b: the complete ones) into the softmax state; their
     # values (gated NSA) as sum_s (sum_b p_b w[n, b, s]) v_s, a [BM, SB] x [SB, D] product a tile
@@ -106,7 +108,7 @@ def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, 
             o_s = j0 + tl.arange(0, SB)
             m_s = (o_s < S) & (S0 + o_s < L)
             b_pw = tl.zeros([BM, SB], tl.float32)
-            for b in range(0, NBP):
+            for b in range(b_lo, b_hi):
                 b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
                               other=0.0)
                 b_pb = tl.sum(tl.where(o_b[None, :] == b, b_p, 0.0), 1)
@@ -162,13 +164,14 @@ def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBP
 
 
 @triton.jit
-def _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh, CR: tl.constexpr, GP: tl.constexpr,
+def _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, b_lo, b_hi, s_un, s_uh, CR: tl.constexpr, GP: tl.constexpr,
               NBPP: tl.constexpr):
-    # each query's path-specific blocks' probabilities summed over its heads: pp [N, Hkv, NBP]
+    # each query's path-specific blocks [b_lo, b_hi)' probabilities summed over its heads: pp [N, Hkv, NBP]
     b_p = tl.where(m_b, tl.exp2(b_sp - b_lsafe[:, None]), 0.0)                        # [BM, NBPP]
     b_ps = tl.sum(tl.reshape(b_p, [CR, GP, NBPP]), 1)                                   # [CR, NBPP]
     o_b = tl.arange(0, NBPP)
-    tl.store(pp + o_qc[:, None] * s_un + i_h * s_uh + o_b[None, :], b_ps, mask=m_c[:, None] & (o_b < NBP)[None, :])
+    tl.store(pp + o_qc[:, None] * s_un + i_h * s_uh + o_b[None, :], b_ps,
+             mask=m_c[:, None] & ((o_b >= b_lo) & (o_b < b_hi))[None, :])
 
 
 @triton.jit
@@ -246,32 +249,36 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
 @triton.jit
 def nsa_route_lse_fwd_kernel(
     q, kc, vc, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out,
-    N, NBP, S, L, scale,
+    N, NBP, NCS, S, L, scale,
     s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr,
 ):
-    # split launch 1, grid (query groups, Hkv, splits): partial softmax state of a range of the
-    # committed compression blocks in whole BC tiles; the last split (idle while the context is
-    # short of the capacity) also the path-specific blocks, whose raw scores it keeps in sp
+    # split launch 1, grid (query groups, Hkv, NCS + NBP): splits i_s < NCS take a range of the
+    # committed compression blocks in whole BC tiles; split NCS + b the path-specific block b of
+    # every row (its raw score also kept in sp): its own program, so the path blocks' slot
+    # products run beside the compressed sweep, not after it
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NBPRE = tl.load(nbpre)
-    BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), tl.num_programs(2)), BC) * BC
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
-    i_lo = i_s * BPS
-    b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, i_lo, tl.minimum(i_lo + BPS, NBPRE), o_d,
-                               s_kb, b_m, b_l, b_a, BC, WANT_O)
-    if i_s == tl.num_programs(2) - 1:
+    if i_s < NCS:
+        NBPRE = tl.load(nbpre)
+        BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), NCS), BC) * BC
+        i_lo = i_s * BPS
+        b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, i_lo, tl.minimum(i_lo + BPS, NBPRE),
+                                   o_d, s_kb, b_m, b_l, b_a, BC, WANT_O)
+    else:
+        b = i_s - NCS
         S0 = tl.load(s0p)
-        b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
-        m_b = _path_mask(npath, o_qi, m_r, NBPP)
-        b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb,
-                                  b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
+        b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, BM, SB,
+                            NBPP)
+        m_b = _path_mask(npath, o_qi, m_r, b, b + 1, NBPP)
+        b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn,
+                                  s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
         o_b = tl.arange(0, NBPP)
-        tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None])
+        tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None] & (o_b == b)[None, :])
     p_part = (i_s * N + o_qi) * HQ + o_hq
     tl.store(m_out + p_part, b_m, mask=m_r)
     tl.store(l_out + p_part, b_l, mask=m_r)
@@ -282,16 +289,15 @@ def nsa_route_lse_fwd_kernel(
 @triton.jit
 def nsa_route_imp_fwd_kernel(
     q, kc, npath, nbpre, sp, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
-    N, NBP, NBS, scale,
+    N, NBS, NCS, scale,
     s_qn, s_qh, s_kh, s_kb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, NBPP: tl.constexpr,
 ):
-    # split launch 2, same grid: the final log-sum-exp from the splits' states, then the importance
-    # of a range of whole selection blocks (the last split also the path-specific blocks' sums)
+    # split launch 2, same grid: the final log-sum-exp from all the states of launch 1, then the
+    # importance of a range of whole selection blocks (split NCS + b: path block b's sums)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
-    NBPRE = tl.load(nbpre)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     for s in range(0, NSPLIT):
@@ -308,17 +314,21 @@ def nsa_route_imp_fwd_kernel(
                 b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
-    NJO = _num_own(NBPRE, NBS, R)
-    JB: tl.constexpr = BC // R
-    JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NSPLIT), JB) * JB
-    j_lo = i_s * JPS
-    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
-               tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
-    if i_s == NSPLIT - 1:
+    if i_s < NCS:
+        NBPRE = tl.load(nbpre)
+        NJO = _num_own(NBPRE, NBS, R)
+        JB: tl.constexpr = BC // R
+        JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NCS), JB) * JB
+        j_lo = i_s * JPS
+        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
+                   tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+    else:
+        b = i_s - NCS
         o_b = tl.arange(0, NBPP)
-        b_sp = tl.load(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], mask=m_r[:, None], other=0.0)
-        _imp_path(b_sp, _path_mask(npath, o_qi, m_r, NBPP), b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh,
-                  CR, GP, NBPP)
+        b_sp = tl.load(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], mask=m_r[:, None] & (o_b == b)[None, :],
+                       other=0.0)
+        _imp_path(b_sp, _path_mask(npath, o_qi, m_r, b, b + 1, NBPP), b_lsafe, pp, o_qc, m_c, i_h, b, b + 1, s_un,
+                  s_uh, CR, GP, NBPP)
 
 
 @triton.jit
@@ -357,15 +367,15 @@ def nsa_route_fused_fwd_kernel(
     b_a = tl.zeros([BM, D], tl.float32)
     b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
                                WANT_O)
-    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
-    m_b = _path_mask(npath, o_qi, m_r, NBPP)
-    b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, NBP, s_kt, s_wn, s_wb,
+    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
+    m_b = _path_mask(npath, o_qi, m_r, 0, NBP, NBPP)
+    b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb,
                               b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
                _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
-    _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, NBP, s_un, s_uh, CR, GP, NBPP)
+    _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, 0, NBP, s_un, s_uh, CR, GP, NBPP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
     for c in tl.static_range(0, CR, QC):
         o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
