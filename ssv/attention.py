@@ -131,7 +131,8 @@ class TritonNSAPlan(_HostSlots):
     """NSA on the Triton kernels: routing at refresh layers, one grouped verify launch per layer.
 
     Plan (once per step): path-specific compression weights and the tree mask. Run (per layer): at a
-    refresh layer, path blocks + routing; then the SSV kernel over the group's union of blocks.
+    refresh layer, routing (the path-specific blocks scored inside it); then the SSV kernel over the
+    group's union of blocks.
     """
 
     def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,

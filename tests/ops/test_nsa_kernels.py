@@ -309,6 +309,26 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     assert rel_err(o_cmp, ref.o_cmp) < tol(dtype) or ref.o_cmp.norm() == 0
 
 
+def test_route_without_path_blocks_matches_reference():
+    """A step whose queries complete no path-specific block (host weights [N, 0, S]): routing over the
+    committed blocks alone, in both forms."""
+    cfg = NSAConfig(**{**CFG, **dict(cmp_block=32, cmp_stride=16)})
+    P, N = 96, 9
+    q, k, v, pos, mask, _ = make_case(3, P, N, 2, 2, 16, DTYPES[0], cfg)
+    w, s0, npath = path_block_weights(P, pos, mask, cfg)
+    assert w.shape[1] == 0
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
+    nb = num_cmp_blocks(P, cfg)
+    kc, vc = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
+    for fused in (False, True):
+        idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(DTYPES[0]).to(DEV), vc.to(DTYPES[0]).to(DEV), nb, k.to(DEV),
+                                         v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
+                                         fused=fused)
+        assert torch.equal(idx.cpu().long(), select_blocks(imp.cpu(), pos, cfg))
+        assert_lse(lse.cpu(), ref.lse_cmp, 50 * tol(DTYPES[0]))
+        assert rel_err(o_cmp, ref.o_cmp) < tol(DTYPES[0])
+
+
 def test_runner_triton_backend_matches_reference():
     """A whole tree step through the model: Triton plan == reference plan (strict), refresh/reuse too."""
     from ssv.attention import StepMeta, VerifyOptions

@@ -51,7 +51,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         raise ValueError(f"nsa_route: path weights must be fp32 [{n}, NBP, S], got {tuple(w.shape)} {w.dtype}")
     if k.shape[0] != hkv or k.shape[2] != d or k.stride(2) != 1 or v.stride() != k.stride():
         raise ValueError("nsa_route: k and v must be [Hkv, L, D] with equal strides and a contiguous last dimension")
-    nbp, n_slots = w.shape[1], w.shape[2]
+    nbp = w.shape[1]
+    n_slots = w.shape[2] if nbp else 0   # no path block: no slot tile to sweep
     wc = w.contiguous() if w.numel() else torch.zeros(n, 1, 1, device=dev, dtype=torch.float32)
     if isinstance(n_prefix_blocks, torch.Tensor):
         nbpre_t, nbpre = n_prefix_blocks, k_cmp.shape[1]   # sized for the capacity, read in the kernels
