@@ -47,6 +47,31 @@ def test_mode_table_covers_the_modes_and_summary_ratios():
     assert first_diff([1, 2, 3], [1, 2, 4]) == 2 and first_diff([1], [1]) is None
 
 
+def test_summary_of_interleaved_repeats_takes_medians_and_pairs_each_repeat_with_ar():
+    """--repeats: a document's tok/s is the median of its repeats; the speedup is the median of the ratios
+    to ar-nsa's run of the same repeat (a drift between repeats cancels), its range reported."""
+    rows = []
+    for rep, (ar, ssv) in enumerate(((100.0, 210.0), (50.0, 100.0), (120.0, 270.0))):   # rep 1: a slow machine
+        for mode, t in (("ar-nsa", ar), ("ssv strict", ssv)):
+            rows.append({"family": "code", "target_context": 1024, "doc": 0, "rep": rep, "mode": mode,
+                         "tokens_per_second": t, "mean_accepted_length": 2.0, "identical_to_ar": rep == 0})
+    s = {r["mode"]: r for r in summarize(rows)}
+    assert s["ssv strict"]["tokens_per_second"] == 210.0 and s["ar-nsa"]["tokens_per_second"] == 100.0
+    assert s["ssv strict"]["speedup_vs_ar_nsa"] == pytest.approx(2.1)      # ratios 2.1, 2.0, 2.25
+    assert s["ssv strict"]["speedup_range"] == pytest.approx([2.0, 2.25])
+    assert s["ssv strict"]["repeats"] == 3 and s["ssv strict"]["docs"] == 1
+    assert s["ssv strict"]["identical_to_ar"] == 1                         # counted over the first repeat
+
+
+def test_bench_e2e_refuses_repeats_below_one():
+    import argparse
+    from ssv.bench.e2e import add_args, cmd_bench_e2e
+    p = argparse.ArgumentParser()
+    add_args(p)
+    with pytest.raises(ValueError, match="--repeats must be >= 1"):
+        cmd_bench_e2e(p.parse_args(["--repeats", "0"]))
+
+
 def test_fill_cache_leaves_the_compressed_blocks_of_its_keys():
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=16)
     r = Runner(make_tiny_model(0, n_layers=2), attention="nsa", nsa=cfg, max_len=200)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -176,8 +177,11 @@ def run_default(args, env: dict, save) -> list:
             for d, text in enumerate(texts[family][: args.docs]):
                 ids = prompt_ids(tok, family, text, context)
                 ref = {}
-                for mode in [m for m in MODES if m in args.modes]:
-                    row = {"family": family, "context": len(ids), "target_context": context, "doc": d, "mode": mode}
+                # repeats interleave the modes (all modes, then all again), so that a drift of the
+                # machine's speed falls on every mode alike; summaries pair each rep with ar-nsa's
+                for rep, mode in [(i, m) for i in range(args.repeats) for m in MODES if m in args.modes]:
+                    row = {"family": family, "context": len(ids), "target_context": context, "doc": d, "rep": rep,
+                           "mode": mode}
                     try:
                         if mode == "transformers":
                             toks, tps = hf_generate(model, ids, args.new_tokens, max_len)
@@ -195,7 +199,7 @@ def run_default(args, env: dict, save) -> list:
                                        token_ids=res.token_ids, ar_steps=res.stats.get("ar_steps", 0), **prof)
                             if "fallback" in res.stats:
                                 row["fallback"] = res.stats["fallback"]
-                            if diff is not None and table[mode][1] is not None:
+                            if diff is not None and table[mode][1] is not None and rep == 0:
                                 row["ar_margin_at_diff"] = ar_margin(runners[att], ids, base, diff)
                     except Exception as e:  # noqa: BLE001 -- a failing mode is reported, not fatal
                         row["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -218,22 +222,33 @@ def _line(r: dict) -> str:
 
 
 def summarize(rows: list) -> list:
+    """Per (family, context, mode): tok/s and MAL averaged over documents, each document's tok/s the
+    median of its repeats; the speedup the median over (document, repeat) of the ratio to ar-nsa's
+    run of the same document and repeat (interleaved, so both saw the same machine), with its range."""
     out, groups = [], {}
     for r in rows:
         if "error" not in r:
             groups.setdefault((r["family"], r["target_context"], r["mode"]), []).append(r)
     for (fam, ctx, mode), rs in groups.items():
-        base = groups.get((fam, ctx, "ar-nsa"))
+        base = {(x.get("doc", 0), x.get("rep", 0)): x["tokens_per_second"]
+                for x in groups.get((fam, ctx, "ar-nsa"), [])}
 
         def mean(key, rr=rs):
             vals = [x[key] for x in rr if x.get(key) is not None]
             return sum(vals) / len(vals) if vals else None
-        tps = mean("tokens_per_second")
+        docs = sorted({x.get("doc", 0) for x in rs})
+        tps = statistics.fmean(statistics.median(x["tokens_per_second"] for x in rs if x.get("doc", 0) == d)
+                               for d in docs)
+        ratios = [x["tokens_per_second"] / base[k] for x in rs
+                  if (k := (x.get("doc", 0), x.get("rep", 0))) in base and base[k]]
+        first = [x for x in rs if x.get("rep", 0) == 0]
         out.append({"family": fam, "context": ctx, "mode": mode, "tokens_per_second": tps,
                     "mean_accepted_length": mean("mean_accepted_length"),
-                    "speedup_vs_ar_nsa": tps / mean("tokens_per_second", base) if base else None,
+                    "speedup_vs_ar_nsa": statistics.median(ratios) if ratios else None,
+                    "speedup_range": [min(ratios), max(ratios)] if ratios else None,
                     "gpu_busy_fraction": mean("gpu_busy_fraction"), "launches_per_round": mean("launches_per_round"),
-                    "identical_to_ar": sum(bool(x.get("identical_to_ar")) for x in rs), "docs": len(rs)})
+                    "identical_to_ar": sum(bool(x.get("identical_to_ar")) for x in first), "docs": len(docs),
+                    "repeats": len(rs) // max(1, len(docs))})
     return out
 
 
@@ -265,6 +280,8 @@ def add_args(p) -> None:
     p.add_argument("--families", nargs="+", default=["code", "prose", "chat"])
     p.add_argument("--contexts", nargs="+", type=int, default=[1024, 2048, 4096, 8192])
     p.add_argument("--docs", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every mode this many times per document, interleaved; summaries take medians")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="+", default=list(MODES))
     p.add_argument("--steps", nargs="*", type=int, default=None, metavar="CONTEXT",
@@ -275,6 +292,8 @@ def add_args(p) -> None:
 
 def cmd_bench_e2e(args) -> int:
     from ssv.bench.kernels import environment
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if not torch.cuda.is_available():
         raise ValueError("ssv bench e2e needs a CUDA GPU")
     bad = [m for m in args.modes if m not in MODES]
