@@ -329,6 +329,40 @@ def test_route_without_path_blocks_matches_reference():
         assert rel_err(o_cmp, ref.o_cmp) < tol(DTYPES[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if CUDA else []))
+@pytest.mark.parametrize("fused", [False, True])
+def test_route_scores_a_path_block_as_its_committed_twin(dtype, fused):
+    """Strict decoding on a half-precision cache: the AR step at position t reads a block committed (the
+    cache keeps it in the cache's dtype), while a tree node at t reads it as a path-specific block. Both
+    must score the same key, so the path-specific one is rounded to the cache's dtype as committing does:
+    the last node of a chain over [P0, t] gets the importance of the AR step at t (to fp32 rounding)."""
+    cfg = NSAConfig(**{**CFG, **dict(cmp_block=16, cmp_stride=8, slc_block=32, n_select=3, window=16)})
+    gen = torch.Generator().manual_seed(11)
+    t, m, hkv, G, D = 203, 40, 2, 3, 32
+    k = (torch.randn(hkv, t + 1, D, generator=gen) * 3).to(dtype)
+    v = torch.randn(hkv, t + 1, D, generator=gen).to(dtype)
+    q = (torch.randn(1, hkv * G, D, generator=gen) * 3).to(dtype)
+
+    def route(P, n):   # the step holds the last n tokens, a chain; the committed blocks as `commit` leaves them
+        nb = num_cmp_blocks(P, cfg)
+        kc = compress_mean(k.float(), max(nb, 1), cfg).to(dtype)
+        vc = compress_mean(v.float(), max(nb, 1), cfg).to(dtype)
+        pos = torch.arange(P, P + n)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        w, s0, npath = path_block_weights(P, pos, mask, cfg)
+        qq = torch.cat([torch.zeros(n - 1, hkv * G, D, dtype=dtype), q])
+        idx, imp, _, _ = nsa_route(qq.to(DEV), kc.to(DEV), vc.to(DEV), nb, k.to(DEV), v.to(DEV), w.to(DEV), s0,
+                                   npath.to(DEV), pos.to(DEV), cfg, fused=fused)
+        return idx[-1].cpu(), imp[-1].cpu(), int(npath[-1])
+    idx_ar, imp_ar, np_ar = route(t, 1)
+    idx_tree, imp_tree, np_tree = route(t - m, m + 1)
+    assert np_tree >= 4 > np_ar   # blocks committed for the AR step are path-specific for the node
+    fin = torch.isfinite(imp_ar)
+    assert torch.equal(fin, torch.isfinite(imp_tree))
+    assert ((imp_tree[fin] - imp_ar[fin]).abs() / imp_ar[fin].abs().clamp_min(1e-6)).max() < 1e-5
+    assert torch.equal(idx_tree, idx_ar)
+
+
 def test_runner_triton_backend_matches_reference():
     """A whole tree step through the model: Triton plan == reference plan (strict), refresh/reuse too."""
     from ssv.attention import StepMeta, VerifyOptions
