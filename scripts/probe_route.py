@@ -1,7 +1,10 @@
-"""Routing with the path-specific blocks folded into its launches against the previous form, a
-path-block launch and then routing over its output (bench/results/route-v3/route_prev.py), on the
-H200: each variant's time replayed from a CUDA graph, each launch's device time (torch.profiler over
-eager calls), and the selections compared. Prints a table, writes JSON."""
+"""Routing's three forms of the path-specific blocks side by side on the H200, on the device plan's
+weights (N // d + 1 path blocks, as a graphed round has them): a path-block launch and then routing
+over its output (da9c90d, bench/results/route-v3/route_prev.py), their scores summed from the slots'
+scores in fp32 inside routing (dc8f866, route_dc8f866.py), and the current library's, formed in
+registers and rounded to the cache's dtype. Each variant's time replayed from a CUDA graph, each
+launch's device time (torch.profiler over eager calls), the selections compared with the first's.
+Prints a table, writes JSON."""
 from __future__ import annotations
 
 import datetime
@@ -18,11 +21,17 @@ import triton.testing
 from ssv.bench.kernels import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
-from ssv.ops.nsa.route import nsa_route, path_block_weights
+from ssv.ops.nsa.route import nsa_route, path_block_weights_device
 
-spec = importlib.util.spec_from_file_location("route_prev", "bench/results/route-v3/route_prev.py")
-old = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(old)
+
+def _frozen(name):
+    spec = importlib.util.spec_from_file_location(name, f"bench/results/route-v3/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+old, slot = _frozen("route_prev"), _frozen("route_dc8f866")
 
 CASES = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 8192, 64), ("smollm2-135m", 4096, 48),
          ("smollm2-135m", 8192, 48), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 16384, 64),
@@ -39,8 +48,9 @@ def case(shape, T, N, gen, dtype=torch.bfloat16):
     kc = torch.randn(hkv, nb, d, device="cuda", dtype=dtype)
     vc = torch.randn_like(kc)
     k = torch.randn(hkv, T + N, d, device="cuda", dtype=dtype)
-    w, s0, npath = path_block_weights(T, pos, mask.cuda(), cfg)
-    return q, kc, vc, nb, k, w, s0, npath, pos, cfg, int(pos.max())
+    plen = torch.tensor([T], device="cuda", dtype=torch.int32)
+    w, s0, npath = path_block_weights_device(plen, pos, mask.cuda(), cfg)
+    return q, kc, vc, nb, k, w, s0, npath, pos, cfg, int(pos.max()), plen
 
 
 def timed(fn):
@@ -63,21 +73,21 @@ def main(out):
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                date=datetime.date.today().isoformat(), commit=os.environ.get("SSV_COMMIT", "?"))
     for shape, T, N in CASES:
-        q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp = case(shape, T, N, gen)
+        q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp, plen = case(shape, T, N, gen)
         args = (q, kc, vc, nb, k, k, w, s0, npath, pos, cfg)
 
         def prev(**kw):
-            kp, vp = old.path_blocks(w, s0, k, k, T, N, values=False)
+            kp, vp = old.path_blocks(w, s0, k, k, plen, N, kernel=True, values=False)
             return old.nsa_route(q, kc, vc, nb, kp, vp, npath, pos, cfg, max_pos=mp, **kw)
         ref = prev()
-        variants = [("path launch + route", None, prev)]
-        variants.append(("folded", None, lambda: nsa_route(*args, max_pos=mp)))
-        if nb > 320:   # the other form beside the policy's choice
-            variants.append(("path launch + route fused", None, lambda: prev(fused=True)))
-            variants.append(("folded fused", None, lambda: nsa_route(*args, max_pos=mp, fused=True)))
-        else:
-            variants.append(("path launch + route split", None, lambda: prev(fused=False)))
-            variants.append(("folded split", None, lambda: nsa_route(*args, max_pos=mp, fused=False)))
+        other = dict(fused=nb > 320)   # the other form beside the policy's choice
+        tag = "fused" if nb > 320 else "split"
+        variants = [("path launch + route", None, prev),
+                    ("slot scores (dc8f866)", None, lambda: slot.nsa_route(*args, max_pos=mp)),
+                    ("formed, rounded", None, lambda: nsa_route(*args, max_pos=mp)),
+                    (f"path launch + route {tag}", None, lambda: prev(**other)),
+                    (f"slot scores (dc8f866) {tag}", None, lambda: slot.nsa_route(*args, max_pos=mp, **other)),
+                    (f"formed, rounded {tag}", None, lambda: nsa_route(*args, max_pos=mp, **other))]
         for name, par, fn in variants:
             try:
                 us, per = timed(fn)

@@ -1,0 +1,529 @@
+"""Frozen baseline (commit dc8f866): routing that scores the path-specific blocks from the slots' scores in
+fp32 (`sum_s w (q.k_s)`), before they were formed and rounded to the cache's dtype; kept to time the
+current form against it side by side (scripts/probe_route.py). Not part of the library."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ssv.config import NSAConfig
+from ssv.ops.nsa.route_policy import plan_route
+from ssv.ops.utils import pow2, sm_count
+
+
+@triton.jit
+def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
+    p_k = o_i.to(tl.int64)[:, None] * s_kb + o_d[None, :]
+    b_k = tl.load(kc + p_k, mask=m_i[:, None], other=0.0)                       # [BC, D]
+    return tl.dot(b_q, tl.trans(b_k), input_precision="ieee"), p_k               # [BM, BC]
+
+
+@triton.jit
+def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, BM: tl.constexpr,
+                 SB: tl.constexpr, NBPP: tl.constexpr):
+    # scores of each row's path-specific compressed keys without forming them: a block's key is the
+    # mean of its slots' keys (w[n, b, s] = 1/l on them, else 0), so q.key = sum_s w[n, b, s] (q.k_s).
+    # One [BM, SB] dot a tile of the step's slots [S0, S0 + S) replaces a launch and an fp32 buffer
+    # a layer; the weight gates the product (never 0 * a stale slot's value). [BM, NBPP] raw scores
+    # of the blocks [b_lo, b_hi) (0 elsewhere)
+    o_b = tl.arange(0, NBPP)
+    b_sp = tl.zeros([BM, NBPP], tl.float32)
+    for j0 in range(0, S, SB):
+        o_s = j0 + tl.arange(0, SB)
+        m_s = (o_s < S) & (S0 + o_s < L)
+        b_k = tl.load(k + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
+        b_st = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")                    # [BM, SB]
+        for b in range(b_lo, b_hi):
+            b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                          other=0.0)                                                    # [BM, SB]
+            b_c = tl.sum(tl.where(b_w != 0.0, b_w * b_st, 0.0), 1)                       # [BM]
+            b_sp += tl.where(o_b[None, :] == b, b_c[:, None], 0.0)
+    return b_sp
+
+
+@triton.jit
+def _path_mask(npath, o_qi, m_r, b_lo, b_hi, NBPP: tl.constexpr):
+    # of the blocks [b_lo, b_hi), those each row's query completes: [BM, NBPP]
+    b_np = tl.load(npath + o_qi, mask=m_r, other=0)
+    o_b = tl.arange(0, NBPP)
+    return m_r[:, None] & (o_b[None, :] < b_np[:, None]) & ((o_b >= b_lo) & (o_b < b_hi))[None, :]
+
+
+@triton.jit
+def _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr,
+                 D: tl.constexpr, GP: tl.constexpr):
+    # row r = (query r // GP, head r % GP): a [CR, GP] grid (heads padded to a power of two) whose
+    # head axis a reshape sums; log2(e) and the scale folded into q: the softmax runs in base 2
+    o_r = tl.arange(0, BM)
+    o_c = o_r // GP
+    o_qi = (i_g * CR + o_c).to(tl.int64)
+    m_r = (o_r % GP < G) & (o_qi < N)
+    o_hq = i_h * G + o_r % GP
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q + o_qi[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
+    return (b_q * (scale * 1.4426950408889634)).to(b_q.dtype), o_r, o_qi, m_r, o_hq, o_d
+
+
+@triton.jit
+def _num_own(NBPRE, NBS, R: tl.constexpr):
+    # selection blocks j < NBS whose own compression blocks [j*R, (j+1)*R) hold a committed one
+    return tl.minimum(tl.cdiv(NBPRE, R), NBS)
+
+
+@triton.jit
+def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constexpr, WANT_O: tl.constexpr):
+    # online softmax (base 2) over committed compression blocks [i_lo, i_hi)
+    for i0 in range(i_lo, i_hi, BC):
+        o_i = i0 + tl.arange(0, BC)
+        m_i = o_i < i_hi
+        b_s, p_k = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
+        b_s = tl.where(m_i[None, :], b_s, float("-inf"))
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_p = tl.exp2(b_s - b_ms[:, None])
+        b_al = tl.exp2(b_m - b_ms)
+        b_l = b_l * b_al + tl.sum(b_p, 1)
+        if WANT_O:
+            b_v = tl.load(vc + p_k, mask=m_i[:, None], other=0.0)
+            b_a = b_a * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
+        b_m = b_mn
+    return b_m, b_l, b_a
+
+
+@triton.jit
+def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, b_m, b_l, b_a,
+              BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr):
+    # each query's own path-specific blocks (m_b: the complete ones) into the softmax state; their
+    # values (gated NSA) as sum_s (sum_b p_b w[n, b, s]) v_s, a [BM, SB] x [SB, D] product a tile
+    b_s = tl.where(m_b, b_sp, float("-inf"))
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_p = tl.exp2(b_s - b_ms[:, None])                                                # [BM, NBPP]
+    b_al = tl.exp2(b_m - b_ms)
+    b_l = b_l * b_al + tl.sum(b_p, 1)
+    if WANT_O:
+        b_a = b_a * b_al[:, None]
+        o_b = tl.arange(0, NBPP)
+        for j0 in range(0, S, SB):
+            o_s = j0 + tl.arange(0, SB)
+            m_s = (o_s < S) & (S0 + o_s < L)
+            b_pw = tl.zeros([BM, SB], tl.float32)
+            for b in range(b_lo, b_hi):
+                b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                              other=0.0)
+                b_pb = tl.sum(tl.where(o_b[None, :] == b, b_p, 0.0), 1)
+                b_pw += b_w * b_pb[:, None]
+            b_v = tl.load(v + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
+            b_v = tl.where(tl.max(b_pw, 0)[:, None] > 0, b_v.to(tl.float32), 0.0)    # [SB, D], unused slots 0
+            b_a += tl.dot(b_pw, b_v, input_precision="ieee")
+    return b_mn, b_l, b_a
+
+
+@triton.jit
+def _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, store, D: tl.constexpr,
+                    WANT_O: tl.constexpr):
+    # the final base-2 log-sum-exp (b_l summed relative to the max b_m); lse_cmp in natural log and,
+    # for gated NSA, o_cmp stored when `store`; returns the exponent offset of the probabilities
+    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
+    if store:
+        tl.store(lse + o_qi * HQ + o_hq, b_lse2 * 0.6931471805599453, mask=m_r)
+        if WANT_O:
+            b_o = b_a / tl.where(b_l > 0, b_l, 1.0)[:, None]
+            tl.store(o_cmp + (o_qi * HQ + o_hq)[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    return tl.where(b_l > 0, b_lse2, 0.0)
+
+
+@triton.jit
+def _query_cols(i_g, N, CR: tl.constexpr):
+    o_qc = (i_g * CR + tl.arange(0, CR)).to(tl.int64)
+    return o_qc, o_qc < N
+
+
+@triton.jit
+def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
+               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr):
+    # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
+    # selection blocks: a query's probabilities summed over its heads (a reshape), then over each
+    # block's own R compression blocks ("own") and over its last A - 1 ("tail", which block j + 1
+    # also overlaps): imp[j] = own[j] + tail[j - 1], added by the top-n; no block written twice
+    JB: tl.constexpr = BC // R
+    o_u = tl.arange(0, R)
+    for j0 in range(j_lo, j_hi, JB):
+        o_i = j0 * R + tl.arange(0, BC)
+        m_i = o_i < NBPRE
+        b_s, _ = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
+        b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)  # [BM, BC]
+        b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CR, GP, BC]), 1), [CR, JB, R])            # [CR, JB, R]
+        o_j = j0 + tl.arange(0, JB)
+        p_o = o_qc[:, None] * s_in + o_j[None, :]
+        m_o = m_c[:, None] & (o_j < j_hi)[None, :]
+        tl.store(own + p_o, tl.sum(b_ps, 2), mask=m_o)
+        if A > 1:
+            tl.store(tail + p_o, tl.sum(tl.where((o_u >= R - A + 1)[None, None, :], b_ps, 0.0), 2), mask=m_o)
+
+
+@triton.jit
+def _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, b_lo, b_hi, s_un, s_uh, CR: tl.constexpr, GP: tl.constexpr,
+              NBPP: tl.constexpr):
+    # each query's path-specific blocks [b_lo, b_hi)' probabilities summed over its heads: pp [N, Hkv, NBP]
+    b_p = tl.where(m_b, tl.exp2(b_sp - b_lsafe[:, None]), 0.0)                        # [BM, NBPP]
+    b_ps = tl.sum(tl.reshape(b_p, [CR, GP, NBPP]), 1)                                   # [CR, NBPP]
+    o_b = tl.arange(0, NBPP)
+    tl.store(pp + o_qc[:, None] * s_un + i_h * s_uh + o_b[None, :], b_ps,
+             mask=m_c[:, None] & ((o_b >= b_lo) & (o_b < b_hi))[None, :])
+
+
+@triton.jit
+def _order_bits(x):
+    # fp32 -> int32 with the same order (negatives flipped)
+    b = x.to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
+               LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
+               NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr,
+               FORCED_LOCAL: tl.constexpr):
+    # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
+    # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
+    # with ties to the lower index, ascending, -1 padded
+    o_j = tl.arange(0, BJ)
+    m_j = o_j < NBS
+    m_qj = m_q[:, None] & m_j[None, :]
+    NJO = _num_own(NBPRE, NBS, R)
+    p_row = o_q[:, None] * s_in + i_h * s_ih
+    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < NJO)[None, :], other=0.0)      # [QC, BJ]
+    if A > 1:
+        m_t = m_qj & ((o_j >= 1) & (o_j <= NJO))[None, :]
+        b_imp += tl.load(tail + p_row + o_j[None, :] - 1, mask=m_t, other=0.0)
+    t = tl.load(pos + o_q, mask=m_q, other=0)
+    b_np = tl.load(npath + o_q, mask=m_q, other=0)
+    for u in tl.static_range(R + A - 1):
+        o_b = o_j * R - A + 1 + u - NBPRE                  # the path-specific block, if any
+        m_b = m_qj & (o_b >= 0)[None, :] & (o_b[None, :] < b_np[:, None])
+        b_imp += tl.load(pp + o_q[:, None] * s_un + i_h * s_uh + o_b[None, :], mask=m_b, other=0.0)
+    cand = (o_j[None, :] * LS <= t[:, None]) & m_j[None, :]
+    b_imp = tl.where(cand, b_imp, float("-inf"))
+    tl.store(own + p_row + o_j[None, :], b_imp, mask=m_qj)
+    cur = t[:, None] // LS
+    forced = (o_j[None, :] > cur - FORCED_LOCAL) & (o_j[None, :] <= cur)
+    if FORCED_FIRST:
+        forced = forced | (o_j[None, :] == 0)
+    b_key = tl.where(cand & forced, float("inf"), b_imp)
+    p_x = idx + o_q[:, None] * s_xn + i_h * s_xh
+    if SORTED:
+        # short rows: a bitonic top-k over packed keys, the score's order bits above BJ - 1 - j so
+        # that equal scores rank the lower block first; the n taken sorted back to ascending blocks
+        b_pk = (_order_bits(b_key).to(tl.int64) << 32) | (BJ - 1 - o_j)[None, :].to(tl.int64)
+        b_top = tl.topk(b_pk, NSELP)                                                # [QC, NSELP]
+        o_k = tl.arange(0, NSELP)
+        b_ninf = _order_bits(tl.full([1, NSELP], float("-inf"), tl.float32))
+        taken = ((b_top >> 32).to(tl.int32) > b_ninf) & (o_k < NSEL)[None, :]
+        b_j = tl.sort(tl.where(taken, BJ - 1 - (b_top & 0xFFFFFFFF).to(tl.int32), BJ))
+        tl.store(p_x + o_k[None, :], tl.where(b_j < BJ, b_j, -1), mask=m_q[:, None] & (o_k < NSEL)[None, :])
+    else:
+        # long rows: the n-th largest key by bisection on its order bits (32 counting rounds), then
+        # the keys above it and, of those equal to it, the lowest blocks (a stable sort's first n)
+        b_ord = _order_bits(b_key)                                                 # [QC, BJ] int32
+        lo = tl.full(o_q.shape, -2147483648, tl.int64)
+        hi = tl.full(o_q.shape, 2147483648, tl.int64)
+        for _ in range(32):
+            mid = (lo + hi) >> 1
+            ok = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1) >= NSEL
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        b_t = lo.to(tl.int32)[:, None]
+        above = b_ord > b_t
+        tie = b_ord == b_t
+        need = NSEL - tl.sum(above.to(tl.int32), 1)
+        sel = (above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))) & (b_key > float("-inf"))
+        rank = tl.cumsum(sel.to(tl.int32), 1) - 1
+        tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
+        cnt = tl.sum(sel.to(tl.int32), 1)
+        tl.store(p_x + o_j[None, :], tl.full([1, BJ], -1, tl.int32),
+                 mask=m_q[:, None] & (o_j[None, :] >= cnt[:, None]) & (o_j < NSEL)[None, :])
+
+
+@triton.jit
+def nsa_route_lse_fwd_kernel(
+    q, kc, vc, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out,
+    N, NBP, NCS, S, L, scale,
+    s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ,
+    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr,
+):
+    # split launch 1, grid (query groups, Hkv, NCS + NBP): splits i_s < NCS take a range of the
+    # committed compression blocks in whole BC tiles; split NCS + b the path-specific block b of
+    # every row (its raw score also kept in sp): its own program, so the path blocks' slot
+    # products run beside the compressed sweep, not after it
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    if i_s < NCS:
+        NBPRE = tl.load(nbpre)
+        BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), NCS), BC) * BC
+        i_lo = i_s * BPS
+        b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, i_lo, tl.minimum(i_lo + BPS, NBPRE),
+                                   o_d, s_kb, b_m, b_l, b_a, BC, WANT_O)
+    else:
+        b = i_s - NCS
+        S0 = tl.load(s0p)
+        b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, BM, SB,
+                            NBPP)
+        m_b = _path_mask(npath, o_qi, m_r, b, b + 1, NBPP)
+        b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn,
+                                  s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
+        o_b = tl.arange(0, NBPP)
+        tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None] & (o_b == b)[None, :])
+    p_part = (i_s * N + o_qi) * HQ + o_hq
+    tl.store(m_out + p_part, b_m, mask=m_r)
+    tl.store(l_out + p_part, b_l, mask=m_r)
+    if WANT_O:
+        tl.store(a_out + p_part[:, None] * D + o_d[None, :], b_a, mask=m_r[:, None])
+
+
+@triton.jit
+def nsa_route_imp_fwd_kernel(
+    q, kc, npath, nbpre, sp, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
+    N, NBS, NCS, scale,
+    s_qn, s_qh, s_kh, s_kb, HQ, s_in, s_ih, s_un, s_uh,
+    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, NBPP: tl.constexpr,
+):
+    # split launch 2, same grid: the final log-sum-exp from all the states of launch 1, then the
+    # importance of a range of whole selection blocks (split NCS + b: path block b's sums)
+    i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT = tl.num_programs(2)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    for s in range(0, NSPLIT):
+        b_m = tl.maximum(b_m, tl.load(m_in + (s * N + o_qi) * HQ + o_hq, mask=m_r, other=float("-inf")))
+    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    for s in range(0, NSPLIT):
+        p_part = (s * N + o_qi) * HQ + o_hq
+        b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
+        b_l += b_w * tl.load(l_in + p_part, mask=m_r, other=0.0)
+        if WANT_O:
+            if i_s == 0:
+                b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
+    o_qc, m_c = _query_cols(i_g, N, CR)
+    if i_s < NCS:
+        NBPRE = tl.load(nbpre)
+        NJO = _num_own(NBPRE, NBS, R)
+        JB: tl.constexpr = BC // R
+        JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NCS), JB) * JB
+        j_lo = i_s * JPS
+        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
+                   tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+    else:
+        b = i_s - NCS
+        o_b = tl.arange(0, NBPP)
+        b_sp = tl.load(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], mask=m_r[:, None] & (o_b == b)[None, :],
+                       other=0.0)
+        _imp_path(b_sp, _path_mask(npath, o_qi, m_r, b, b + 1, NBPP), b_lsafe, pp, o_qc, m_c, i_h, b, b + 1, s_un,
+                  s_uh, CR, GP, NBPP)
+
+
+@triton.jit
+def nsa_route_topk_fwd_kernel(
+    own, tail, pp, npath, nbpre, pos, idx,
+    N, NBS, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
+    QC: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
+    NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+):
+    # split launch 3, grid (query chunks of QC, Hkv)
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
+    _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
+               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
+
+
+@triton.jit
+def nsa_route_fused_fwd_kernel(
+    q, kc, vc, k, v, w, s0p, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
+    N, NBP, NBS, S, L, scale,
+    s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
+    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+    QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
+    SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    SB: tl.constexpr, NBPP: tl.constexpr,
+):
+    # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
+    # the importance pass (its tiles come back from L2) and the top-n of the program's queries
+    i_g, i_h = tl.program_id(0), tl.program_id(1)
+    NBPRE = tl.load(nbpre)
+    S0 = tl.load(s0p)
+    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
+    b_m = tl.full([BM], float("-inf"), tl.float32)
+    b_l = tl.zeros([BM], tl.float32)
+    b_a = tl.zeros([BM, D], tl.float32)
+    b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
+                               WANT_O)
+    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
+    m_b = _path_mask(npath, o_qi, m_r, 0, NBP, NBPP)
+    b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb,
+                              b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
+    b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
+    o_qc, m_c = _query_cols(i_g, N, CR)
+    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
+               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+    _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, 0, NBP, s_un, s_uh, CR, GP, NBPP)
+    tl.debug_barrier()   # the program's own importance stores, read back by other threads
+    for c in tl.static_range(0, CR, QC):
+        o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
+        _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, o_q < N, i_h, s_in, s_ih,
+                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
+
+
+def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
+              v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
+              want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
+              n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None):
+    """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
+    cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
+    the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
+    for query q. The path blocks' keys are never formed: their scores are weighted sums of the slots'
+    (`path_blocks_torch` is the product they stand for); values are read for o_cmp (want_o) alone.
+
+    n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
+    launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
+    (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
+    fused / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
+    """
+    q = q.contiguous()
+    n, hq, d = q.shape
+    hkv = k_cmp.shape[0]
+    g = hq // hkv
+    dev = q.device
+    scale = d ** -0.5 if scale is None else scale
+    if w.dim() != 3 or w.shape[0] != n or w.dtype != torch.float32:
+        raise ValueError(f"nsa_route: path weights must be fp32 [{n}, NBP, S], got {tuple(w.shape)} {w.dtype}")
+    if k.shape[0] != hkv or k.shape[2] != d or k.stride(2) != 1 or v.stride() != k.stride():
+        raise ValueError("nsa_route: k and v must be [Hkv, L, D] with equal strides and a contiguous last dimension")
+    nbp, n_slots = w.shape[1], w.shape[2]
+    wc = w.contiguous() if w.numel() else torch.zeros(n, 1, 1, device=dev, dtype=torch.float32)
+    if isinstance(n_prefix_blocks, torch.Tensor):
+        nbpre_t, nbpre = n_prefix_blocks, k_cmp.shape[1]   # sized for the capacity, read in the kernels
+    else:
+        nbpre = int(n_prefix_blocks)
+        nbpre_t = torch.full((1,), nbpre, device=dev, dtype=torch.int32)
+    s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
+    max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
+    nbs = max_pos // cfg.slc_block + 1
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused)
+    r, a = lp.r, lp.a
+    nbpp, sb = pow2(max(nbp, 1), 1), pow2(min(n_slots, 128))   # path blocks, a slot tile
+    f32 = dict(device=dev, dtype=torch.float32)
+    npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
+    pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
+    pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
+    imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
+    tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
+    pp = torch.empty(n, hkv, max(nbp, 1), **f32)
+    idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
+    lse = torch.empty(n, hq, **f32)
+    o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
+    rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp)
+    top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
+               FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local)
+    cache = (k, v, wc, s0_t, npath, nbpre_t)
+    kst = (q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1))
+    pst = (k.stride(0), k.stride(1), wc.stride(0), wc.stride(1))
+    ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
+    xst = (idx.stride(0), idx.stride(1))
+    if lp.fused:
+        nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
+            q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
+            float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
+            num_warps=4)
+        return idx, imp, lse, (o_cmp if want_o else None)
+    nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
+    m_part = torch.empty(nst, n, hq, **f32)
+    l_part = torch.empty(nst, n, hq, **f32)
+    a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
+    sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
+    grid = (lp.n_groups, hkv, nst)
+    nsa_route_lse_fwd_kernel[grid](
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, lp.n_split, n_slots, k.shape[1], float(scale),
+        *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
+    nsa_route_imp_fwd_kernel[grid](
+        q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
+        float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
+    nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
+        imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
+        num_warps=lp.topk_warps)
+    return idx, imp, lse, (o_cmp if want_o else None)
+
+
+def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor, cfg: NSAConfig):
+    """Per step (shared by all layers): how each query's path-specific compression blocks average the cache.
+
+    Returns (w [N, NBP, S] with S = slots [s0, P+N), s0, n_path [N]); a block's key is w @ k[:, s0:].
+    """
+    from ssv.ops.nsa.naive import num_cmp_blocks
+    P, n = int(prefix_len), positions.numel()
+    dev = positions.device
+    nb_pre = num_cmp_blocks(P, cfg)
+    nb_all = num_cmp_blocks(int(positions.max()) + 1, cfg)
+    s0 = nb_pre * cfg.cmp_stride
+    pos_slot = torch.cat([torch.arange(s0, P, device=dev), positions.long()])
+    vis = torch.cat([torch.ones(n, P - s0, dtype=torch.bool, device=dev), tree_mask.bool()], 1)
+    start = torch.arange(nb_pre, nb_all, device=dev) * cfg.cmp_stride
+    memb = (pos_slot[None] >= start[:, None]) & (pos_slot[None] < start[:, None] + cfg.cmp_block)
+    w = (vis[:, None, :] & memb[None]).float() / cfg.cmp_block
+    n_path = torch.tensor([num_cmp_blocks(int(p) + 1, cfg) - nb_pre for p in positions.tolist()],
+                          device=dev, dtype=torch.int32)
+    return w, s0, n_path
+
+
+def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor,
+                              cfg: NSAConfig):
+    """`path_block_weights` with the prefix length read from a device tensor and fixed shapes (no
+    host sync, so a captured graph replays at any length): w [N, N // d + 1, l + N] over the slots
+    [s0, s0 + l + N) (zero past the step's last slot), s0 [1] int32, n_path [N] int32.
+
+    The step's slots past P - s0 < l committed ones are its N new tokens; a block of path b starts
+    at s0 + b * d and is complete within P + N only for b <= N // d.
+    """
+    l, st = cfg.cmp_block, cfg.cmp_stride
+    n = positions.numel()
+    dev = positions.device
+    P = plen.reshape(()).long()
+    nb_pre = torch.where(P >= l, (P - l) // st + 1, torch.zeros_like(P))
+    s0 = nb_pre * st
+    j = torch.arange(l + n, device=dev)
+    slot = s0 + j
+    node = (slot - P).clamp(0, n - 1)
+    new = (slot >= P) & (slot < P + n)
+    pos_slot = torch.where(new, positions.long()[node], slot)                        # [S]
+    vis = torch.where(new[None], tree_mask.bool()[:, node], (slot < P)[None])        # [N, S]
+    start = s0 + torch.arange(n // st + 1, device=dev) * st                          # [NBP]
+    memb = (pos_slot[None] >= start[:, None]) & (pos_slot[None] < start[:, None] + l)
+    w = (vis[:, None, :] & memb[None]).float() / l
+    pos1 = positions.long() + 1
+    n_path = torch.where(pos1 >= l, (pos1 - l) // st + 1, torch.zeros_like(pos1)) - nb_pre
+    return w, s0.to(torch.int32).reshape(1), n_path.clamp_min(0).to(torch.int32)
+
+
+def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
+    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product whose
+    scores the routing kernels compute without forming it (and a check of the weights)."""
+    kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
+    kp = torch.einsum("nbs,hsd->nhbd", w, kt)
+    vp = torch.einsum("nbs,hsd->nhbd", w, vt)
+    if kp.shape[2] == 0:
+        kp = kp.new_zeros(kp.shape[0], kp.shape[1], 1, kp.shape[3])
+        vp = torch.zeros_like(kp)
+    return kp, vp
