@@ -68,8 +68,7 @@ class KernelNSAPlan(_DevicePlanBase):
         if not _same_blocks(cache.nsa, cfg) or cache.k_cmp.shape[2] == 0:
             raise ValueError("the cache keeps no compressed blocks for this NSA configuration")
         self.cfg, self.opts = cfg, opts or VerifyOptions()
-        hkv, d = cache.k.shape[1], cache.k.shape[3]
-        dev = cache.k.device
+        hkv, dev = cache.k.shape[1], cache.k.device
         # the folded merges' counters: zero, left zero by every launch
         self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.opts.group_size), device=dev,
                                      dtype=torch.int32)

@@ -159,8 +159,8 @@ def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_
 
 
 def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
-    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product whose
-    scores the routing kernels compute without forming it (and a check of the weights)."""
+    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product the
+    routing kernels form in registers (and then round to the cache's dtype); a check of the weights."""
     kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
     kp = torch.einsum("nbs,hsd->nhbd", w, kt)
     vp = torch.einsum("nbs,hsd->nhbd", w, vt)
