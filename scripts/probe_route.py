@@ -66,6 +66,7 @@ def timed(fn):
 
 def main(out, against=None):
     gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)   # the CUDA inputs too: an A/B compares selections over the same tensors
     rows, sel = [], {}
     base = torch.load(against) if against else {}
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

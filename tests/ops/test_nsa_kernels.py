@@ -331,11 +331,14 @@ def test_route_without_path_blocks_matches_reference():
 
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if CUDA else []))
 @pytest.mark.parametrize("fused", [False, True])
-def test_route_scores_a_path_block_as_its_committed_twin(dtype, fused):
-    """Strict decoding on a half-precision cache: the AR step at position t reads a block committed (the
-    cache keeps it in the cache's dtype), while a tree node at t reads it as a path-specific block. Both
-    must score the same key, so the path-specific one is rounded to the cache's dtype as committing does:
-    the last node of a chain over [P0, t] gets the importance of the AR step at t (to fp32 rounding)."""
+def test_route_scores_a_path_block_near_its_committed_twin(dtype, fused):
+    """On a half-precision cache the AR step at position t reads a block committed (kept in the cache's
+    dtype), while a tree node at t scores it as a path-specific block in fp32 (a weighted sum of its
+    slots' scores, never rounded). The two differ by the cache dtype's rounding of one key, no more:
+    the last node of a chain over [P0, t] gets the AR step's importance to a few units of that rounding.
+    (Rounding the path key as committing does closes the gap exactly but made the split launch 1.2-2.9x
+    slower on the H200, bench/NOTES.md "Rounded path keys"; bf16 arithmetic elsewhere in a tree pass
+    perturbs scores as much.)"""
     cfg = NSAConfig(**{**CFG, **dict(cmp_block=16, cmp_stride=8, slc_block=32, n_select=3, window=16)})
     gen = torch.Generator().manual_seed(11)
     t, m, hkv, G, D = 203, 40, 2, 3, 32
@@ -359,8 +362,10 @@ def test_route_scores_a_path_block_as_its_committed_twin(dtype, fused):
     assert np_tree >= 4 > np_ar   # blocks committed for the AR step are path-specific for the node
     fin = torch.isfinite(imp_ar)
     assert torch.equal(fin, torch.isfinite(imp_tree))
-    assert ((imp_tree[fin] - imp_ar[fin]).abs() / imp_ar[fin].abs().clamp_min(1e-6)).max() < 1e-5
-    assert torch.equal(idx_tree, idx_ar)
+    rel = ((imp_tree[fin] - imp_ar[fin]).abs() / imp_ar[fin].abs().clamp_min(1e-6)).max()
+    assert rel < 16 * torch.finfo(dtype).eps   # a dropped or misweighted path block is off by O(1)
+    if dtype == torch.float16:
+        assert torch.equal(idx_tree, idx_ar)
 
 
 def test_runner_triton_backend_matches_reference():

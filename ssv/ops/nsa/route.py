@@ -5,7 +5,7 @@ The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Tw
     selection block's importance and the top-n of the program's queries;
   split (long caches), flash-decoding style so that the keys spread over the whole GPU:
     1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states, the
-       compressed blocks' splits and then one a path-specific block (formed from the cache's slots);
+       compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
     2. `nsa_route_imp_fwd_kernel`  (query group, KV head, split): the final log-sum-exp, then the
        importance of a range of whole selection blocks;
     3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
@@ -32,9 +32,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
-    for query q. The kernels form each row's path blocks in registers, rounded to the cache's dtype as
-    committed blocks are (`path_blocks_torch` is the product, before rounding); values are read for
-    o_cmp (want_o) alone.
+    for query q. The path blocks' keys are never formed: their scores are weighted sums of the slots'
+    (`path_blocks_torch` is the product they stand for); values are read for o_cmp (want_o) alone.
 
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
@@ -88,7 +87,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
-            LC=cfg.cmp_block, num_warps=4)
+            num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
     m_part = torch.empty(nst, n, hq, **f32)
@@ -98,7 +97,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     grid = (lp.n_groups, hkv, nst)
     nsa_route_lse_fwd_kernel[grid](
         q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, lp.n_split, n_slots, k.shape[1], float(scale),
-        *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, LC=cfg.cmp_block, num_warps=4)
+        *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
         q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
         float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
@@ -159,8 +158,8 @@ def path_block_weights_device(plen: torch.Tensor, positions: torch.Tensor, tree_
 
 
 def path_blocks_torch(w: torch.Tensor, s0: int, k: torch.Tensor, v: torch.Tensor, prefix_len: int, n: int):
-    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product the
-    routing kernels form in registers (and then round to the cache's dtype); a check of the weights."""
+    """The path-specific compressed keys and values w @ k[:, s0:] in plain PyTorch: the product whose
+    scores the routing kernels compute without forming it (and a check of the weights)."""
     kt, vt = k[:, s0:prefix_len + n].float(), v[:, s0:prefix_len + n].float()
     kp = torch.einsum("nbs,hsd->nhbd", w, kt)
     vp = torch.einsum("nbs,hsd->nhbd", w, vt)

@@ -19,35 +19,25 @@ def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
 
 
 @triton.jit
-def _path_key(k, w, S0, o_qi, m_r, o_d, S, L, b, s_kt, s_wn, s_wb, BM: tl.constexpr, SB: tl.constexpr,
-              D: tl.constexpr, LC: tl.constexpr):
-    # each row's path-specific block b, formed as committing forms a block: the sum of its slots' keys
-    # (or values) over the step's slots [S0, S0 + S), a [BM, SB] x [SB, D] dot of 0/1 weights a tile
-    # (exact in any dtype), divided by l and rounded to the cache's dtype. The AR step reads the same
-    # block committed (kept in the cache's dtype), so both score one key, not an fp32 and a rounded
-    # one. Slots no row weighs are zeroed (never 0 * a stale slot's NaN). [BM, D] fp32
-    b_kb = tl.zeros([BM, D], tl.float32)
+def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, BM: tl.constexpr,
+                 SB: tl.constexpr, NBPP: tl.constexpr):
+    # scores of each row's path-specific compressed keys without forming them: a block's key is the
+    # mean of its slots' keys (w[n, b, s] = 1/l on them, else 0), so q.key = sum_s w[n, b, s] (q.k_s).
+    # One [BM, SB] dot a tile of the step's slots [S0, S0 + S) replaces a launch and an fp32 buffer
+    # a layer; the weight gates the product (never 0 * a stale slot's value). [BM, NBPP] raw scores
+    # of the blocks [b_lo, b_hi) (0 elsewhere)
+    o_b = tl.arange(0, NBPP)
+    b_sp = tl.zeros([BM, NBPP], tl.float32)
     for j0 in range(0, S, SB):
         o_s = j0 + tl.arange(0, SB)
         m_s = (o_s < S) & (S0 + o_s < L)
-        b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
-                      other=0.0)                                                        # [BM, SB]
         b_k = tl.load(k + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
-        b_k = tl.where((tl.max(b_w, 0) > 0)[:, None], b_k, 0.0).to(b_k.dtype)           # [SB, D]
-        b_kb += tl.dot((b_w != 0.0).to(b_k.dtype), b_k, input_precision="ieee")
-    return (b_kb / LC).to(k.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
-def _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, BM: tl.constexpr,
-                 SB: tl.constexpr, NBPP: tl.constexpr, D: tl.constexpr, LC: tl.constexpr):
-    # raw scores of each row's path-specific blocks [b_lo, b_hi) (0 elsewhere): [BM, NBPP]
-    o_b = tl.arange(0, NBPP)
-    b_sp = tl.zeros([BM, NBPP], tl.float32)
-    b_qf = b_q.to(tl.float32)
-    for b in range(b_lo, b_hi):
-        b_kb = _path_key(k, w, S0, o_qi, m_r, o_d, S, L, b, s_kt, s_wn, s_wb, BM, SB, D, LC)
-        b_sp += tl.where(o_b[None, :] == b, tl.sum(b_qf * b_kb, 1)[:, None], 0.0)
+        b_st = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")                    # [BM, SB]
+        for b in range(b_lo, b_hi):
+            b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                          other=0.0)                                                    # [BM, SB]
+            b_c = tl.sum(tl.where(b_w != 0.0, b_w * b_st, 0.0), 1)                       # [BM]
+            b_sp += tl.where(o_b[None, :] == b, b_c[:, None], 0.0)
     return b_sp
 
 
@@ -102,10 +92,9 @@ def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constex
 
 @triton.jit
 def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn, s_wb, b_m, b_l, b_a,
-              BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr, D: tl.constexpr,
-              LC: tl.constexpr):
+              BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr):
     # each query's own path-specific blocks (m_b: the complete ones) into the softmax state; their
-    # values (gated NSA) formed as the keys are (`_path_key`)
+    # values (gated NSA) as sum_s (sum_b p_b w[n, b, s]) v_s, a [BM, SB] x [SB, D] product a tile
     b_s = tl.where(m_b, b_sp, float("-inf"))
     b_mn = tl.maximum(b_m, tl.max(b_s, 1))
     b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
@@ -115,10 +104,18 @@ def _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, b_lo, b_hi, s_kt, s_wn,
     if WANT_O:
         b_a = b_a * b_al[:, None]
         o_b = tl.arange(0, NBPP)
-        for b in range(b_lo, b_hi):
-            b_pb = tl.sum(tl.where(o_b[None, :] == b, b_p, 0.0), 1)                    # [BM]
-            b_vb = _path_key(v, w, S0, o_qi, m_r, o_d, S, L, b, s_kt, s_wn, s_wb, BM, SB, D, LC)
-            b_a += b_pb[:, None] * b_vb
+        for j0 in range(0, S, SB):
+            o_s = j0 + tl.arange(0, SB)
+            m_s = (o_s < S) & (S0 + o_s < L)
+            b_pw = tl.zeros([BM, SB], tl.float32)
+            for b in range(b_lo, b_hi):
+                b_w = tl.load(w + o_qi[:, None] * s_wn + b * s_wb + o_s[None, :], mask=m_r[:, None] & m_s[None, :],
+                              other=0.0)
+                b_pb = tl.sum(tl.where(o_b[None, :] == b, b_p, 0.0), 1)
+                b_pw += b_w * b_pb[:, None]
+            b_v = tl.load(v + (S0 + o_s).to(tl.int64)[:, None] * s_kt + o_d[None, :], mask=m_s[:, None], other=0.0)
+            b_v = tl.where(tl.max(b_pw, 0)[:, None] > 0, b_v.to(tl.float32), 0.0)    # [SB, D], unused slots 0
+            b_a += tl.dot(b_pw, b_v, input_precision="ieee")
     return b_mn, b_l, b_a
 
 
@@ -255,7 +252,7 @@ def nsa_route_lse_fwd_kernel(
     N, NBP, NCS, S, L, scale,
     s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    WANT_O: tl.constexpr, GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, LC: tl.constexpr,
+    WANT_O: tl.constexpr, GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr,
 ):
     # split launch 1, grid (query groups, Hkv, NCS + NBP): splits i_s < NCS take a range of the
     # committed compression blocks in whole BC tiles; split NCS + b the path-specific block b of
@@ -276,10 +273,10 @@ def nsa_route_lse_fwd_kernel(
         b = i_s - NCS
         S0 = tl.load(s0p)
         b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, BM, SB,
-                            NBPP, D, LC)
+                            NBPP)
         m_b = _path_mask(npath, o_qi, m_r, b, b + 1, NBPP)
         b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn,
-                                  s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O, D, LC)
+                                  s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
         o_b = tl.arange(0, NBPP)
         tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None] & (o_b == b)[None, :])
     p_part = (i_s * N + o_qi) * HQ + o_hq
@@ -357,7 +354,7 @@ def nsa_route_fused_fwd_kernel(
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
-    SB: tl.constexpr, NBPP: tl.constexpr, LC: tl.constexpr,
+    SB: tl.constexpr, NBPP: tl.constexpr,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
@@ -370,11 +367,10 @@ def nsa_route_fused_fwd_kernel(
     b_a = tl.zeros([BM, D], tl.float32)
     b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
                                WANT_O)
-    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP,
-                        D, LC)
+    b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
     m_b = _path_mask(npath, o_qi, m_r, 0, NBP, NBPP)
     b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb,
-                              b_m, b_l, b_a, BM, SB, NBPP, WANT_O, D, LC)
+                              b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
     _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
