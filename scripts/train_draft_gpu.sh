@@ -94,6 +94,13 @@ train-general)  # the general-purpose head: the shipped recipe plus the corpus (
         --num-prompts 1000 --self-prompts 500 --corpus-prompts 1500 --max-prompt-tokens 2048 --gen-batch 512 \
         --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
+finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus
+    shift
+    exec "$0" train --init-from default --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \
+        --num-prompts 1000 --self-prompts 500 --corpus-prompts 1500 --max-prompt-tokens 2048 --gen-batch 512 \
+        --raw-tokens 2000000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 8 \
+        --max-steps 2600 --lr 2e-4 "$@"
+    ;;
 train)
     shift
     install_wheels

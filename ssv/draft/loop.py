@@ -43,6 +43,30 @@ def init_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool
     return head
 
 
+# fields that shape a head's weights or what they mean (max_position_embeddings only sizes RoPE caches)
+_ARCH = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+         "vocab_size", "draft_vocab_size", "target_hidden_size", "rope_theta", "rope_scaling", "window")
+
+
+def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> tuple:
+    """(state dict, draft vocabulary ids) of the head --init-from names; refused unless it is the head
+    this run would build (same architecture, taps and draft vocabulary size) for this target."""
+    from pathlib import Path as _P
+
+    from ssv.draft import default_head_path
+    from ssv.draft.io import load_eagle3
+
+    folder = default_head_path() if spec == "default" else _P(spec)
+    base, bcfg = load_eagle3(folder, target=target_cfg)
+    diff = {k: (getattr(bcfg, k), getattr(hcfg, k)) for k in _ARCH if getattr(bcfg, k) != getattr(hcfg, k)}
+    if tuple(bcfg.layer_ids(target_cfg.n_layers)) != tuple(layer_ids):
+        diff["aux_layer_ids"] = (tuple(bcfg.layer_ids(target_cfg.n_layers)), tuple(layer_ids))
+    if diff:
+        raise ValueError(f"--init-from {folder}: the head differs from this run's {diff} (head, run); "
+                         f"pass the matching --draft-vocab / --window")
+    return base.state_dict(), base.target_ids().cpu()
+
+
 def _rng_state() -> dict:
     st = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -124,15 +148,27 @@ def export(head, run: Path, out: Path, dtype_name: str, summary: dict, log: Call
             f"(estimate {head_size_bytes(head.cfg, dtype) / 1e6:.1f} MB); lower --draft-vocab")
 
 
-def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optional[float], log: Callable) -> int:
+def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optional[float], log: Callable,
+               base: Optional[tuple] = None) -> int:
     from tqdm import tqdm
 
     from ssv.draft.train import EXIT_RESUME
 
     dev = torch.device(args.device)
     train_data, eval_data = gen.load_split(run / "data", "train"), gen.load_split(run / "data", "eval")
-    ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log)
-    head = init_head(hcfg, ids, ck.state_dict, args.init_from_target).to(dev).train()
+    if base is not None:   # --init-from: its vocabulary, its weights (a resumed run reloads state.pt below)
+        ids = base[1]
+        if not (run / "vocab.pt").exists():
+            counts = count_tokens((x["ids"][x["prompt_len"]:] for x in train_data), ck.config.vocab_size)
+            cov = coverage(counts, ids)
+            torch.save({"ids": ids, "counts": counts, "coverage": cov}, run / "vocab.pt")
+            log(f"draft vocabulary of {args.init_from}: covers {cov:.2%} of this run's answer tokens")
+    else:
+        ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log)
+    head = init_head(hcfg, ids, ck.state_dict, args.init_from_target)
+    if base is not None:
+        head.load_state_dict(base[0], strict=True)
+    head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     lengths = [s["ids"].numel() for s in train_data]
     per_epoch = len(gen.make_batches(lengths, args.batch_tokens, args.seed, 0))
@@ -173,6 +209,11 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     bar = tqdm(total=total, initial=min(step, total), desc="train-draft", unit="step",
                mininterval=0.1 if sys.stderr.isatty() else 30)
     window, t_step = [], time.time()
+    if base is not None and step == 0 and args.eval_every:   # the starting head on this run's eval set
+        ev = evaluate(head, teacher, eval_data, args)
+        record("eval", **ev)
+        log(f"step 0 ({args.init_from}): eval loss {[round(x, 3) for x in ev['loss']]} "
+            f"acc {[round(x, 3) for x in ev['acc']]}")
     while not done and step < total:
         batches = gen.make_batches(lengths, args.batch_tokens, args.seed, epoch)
         while cursor < len(batches) and step < total:

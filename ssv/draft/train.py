@@ -33,9 +33,9 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
             "raw_tokens", "raw_eval_tokens", "self_prompts", "corpus", "corpus_prompts", "corpus_tokens",
-            "corpus_eval_tokens")
+            "corpus_eval_tokens", "init_from")
 ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0, "corpus": "", "corpus_prompts": 0,
-              "corpus_tokens": 0, "corpus_eval_tokens": 0}  # keys newer than some run folders: their old value
+              "corpus_tokens": 0, "corpus_eval_tokens": 0, "init_from": ""}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -89,6 +89,9 @@ def add_train_draft_parser(subparsers):
     h.add_argument("--warmup", type=int, default=100)
     h.add_argument("--weight-decay", type=float, default=0.0)
     h.add_argument("--grad-clip", type=float, default=0.5)
+    h.add_argument("--init-from", default="", metavar="HEAD",
+                   help="start from an EAGLE-3 head folder ('default': the shipped head): its weights and "
+                        "draft vocabulary (the architecture flags must match it)")
     h.add_argument("--init-from-target", action="store_true",
                    help="start lm_head/norm from the target's (default: random, as EAGLE-3; a short A/B run "
                         "gave better step-0 but worse step-1/2 accuracy)")
@@ -140,6 +143,8 @@ def cmd_train_draft(args) -> int:
                  "max_new_tokens", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.init_from and args.init_from_target:
+        raise ValueError("--init-from and --init-from-target are exclusive")
     uses_corpus = args.corpus_prompts or args.corpus_tokens or args.corpus_eval_tokens
     if uses_corpus and not args.corpus:
         raise ValueError("--corpus-prompts / --corpus-tokens / --corpus-eval-tokens need --corpus FILES")
@@ -166,6 +171,11 @@ def cmd_train_draft(args) -> int:
         args.draft_vocab = ck.config.vocab_size
     hcfg = Eagle3Config.for_target(ck.config, args.draft_vocab, window=args.window,
                                    max_position_embeddings=args.seq_len)
+    base = None
+    if args.init_from:   # checked before any generation
+        from ssv.draft.loop import load_base_head
+
+        base = load_base_head(args.init_from, hcfg, ck.config, hcfg.layer_ids(ck.config.n_layers))
     tdtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     teacher = Teacher(ck.config, ck.state_dict, hcfg.layer_ids(ck.config.n_layers), args.device, tdtype,
                       backend=args.teacher_backend, attention=args.teacher_attention)
@@ -200,7 +210,7 @@ def cmd_train_draft(args) -> int:
                       f"{len(extra)} corpus pieces, {sum(map(len, extra))} tokens")
     from ssv.draft.loop import train_loop
 
-    return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m))
+    return train_loop(args, run, ck, hcfg, teacher, deadline, log=lambda m: _log(run, m), base=base)
 
 
 def self_instruct(run: Path, args, teacher, tokenizer) -> list:

@@ -176,3 +176,17 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     assert cfg.draft_vocab_size == 30 and cfg.window == 16
     assert (out / "eval_prompts.jsonl").read_text() == (run / "eval_prompts.jsonl").read_text()
     assert main(common[:-2] + ["--log-every", "1", "--draft-vocab", "20"]) == 2   # settings changed: refused
+
+    # --init-from: a new run starts from the exported head (its weights and draft vocabulary); at lr 0
+    # its export is that head again, and a head that does not match the run is refused before any work
+    run2, out2 = tmp_path / "run2", tmp_path / "head2"
+    from2 = [a if a != str(run) else str(run2) for a in common] + ["--init-from", str(out)]
+    assert main(from2 + ["--max-steps", "2", "--lr", "0", "--export", str(out2)]) == 0
+    head2, _ = load_eagle3(out2, target=target.cfg)
+    assert torch.equal(head2.target_ids(), head.target_ids())
+    sd, sd2 = head.state_dict(), head2.state_dict()
+    assert all(torch.equal(sd[k], sd2[k]) for k in sd)
+    run3 = tmp_path / "run3"
+    bad = [a if a != str(run) else str(run3) for a in common] + ["--init-from", str(out)]
+    bad[bad.index("--draft-vocab") + 1] = "20"
+    assert main(bad) == 2 and not (run3 / "data").exists()
