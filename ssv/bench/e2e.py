@@ -160,7 +160,7 @@ def run_default(args, env: dict, save) -> list:
         else:
             fb = None
             if mode in FALLBACK:  # the warm-up forces a burst: the fall-back's graphs are captured too
-                fb = ArFallback(window=1, min_ar=4, max_ar=4, prior_break_even=1e9) if warm else ArFallback()
+                fb = ArFallback(slack=0, min_ar=4, max_ar=4, prior_break_even=1e9) if warm else ArFallback()
             res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng, fallback=fb)
         eng.timing = False
         split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}

@@ -1,10 +1,14 @@
 """When speculation does not pay, plain AR steps: an online switch on the observed acceptance.
 
 A speculative round costs about `break_even` AR steps (round time / AR step time); it pays only when
-it emits more tokens than that. `ArFallback` watches the tokens of the last `window` rounds and the
-wall time of rounds and steps as the user sees them (each ends with the round's one device read);
-when the mean falls below the break-even it runs a burst of AR steps, then probes: the next `window`
-rounds are judged on their own (the rounds before the burst forgotten: they already failed). Bursts
+it emits more tokens than that. `ArFallback` keeps a one-sided CUSUM of the rounds' shortfall,
+`S = max(0, S + break_even - emitted)`, and the wall time of rounds and steps as the user sees them
+(each ends with the round's one device read); when S exceeds `slack` tokens it runs a burst of AR
+steps, then probes: the rounds after it start from S = slack / 2, so a text that still does not pay
+bursts again after a few rounds and one that does returns to S = 0. (A mean over the last 4 rounds,
+the rule before, burst on noise wherever the mean accepted length was near the break-even: on the H200
+with a head at MAL 2.1-2.3 against a break-even of 1.78 it burst 2-4 times in 128 tokens and ran 8-25%
+below speculating every round; `scripts/sim_fallback.py`.) Bursts
 double while probes keep failing (up to `max_ar`) and shrink back once a probe pays, so a text the
 head drafts badly costs a probe every few hundred tokens and a text it drafts well never leaves
 speculation. Strict rounds and AR steps emit the same tokens, so switching never changes the output;
@@ -22,11 +26,10 @@ from dataclasses import dataclass
 
 @dataclass
 class ArFallback:
-    # rounds whose mean accepted length is compared with the break-even. A burst on a text that pays
-    # costs ~10 AR steps (32 steps where ~21 steps' worth of rounds would do), an extra round on one
-    # that does not ~0.3: 2 rounds burst too often on noise (H200, 34f5d06: code 8K at MAL 2.65
-    # against a break-even of 1.74 ran 0.96x ar-nsa, 1.41x without the fall-back)
-    window: int = 4
+    # tokens a run of rounds may fall short of the break-even before a burst (the CUSUM's threshold).
+    # Simulated (scripts/sim_fallback.py, break-even 1.78, 128 tokens): see bench/NOTES.md; 0 bursts
+    # after any round below the break-even
+    slack: float = 4.0
     min_ar: int = 32             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
     prior_break_even: float = 1.8  # round / AR-step cost ratio until both are timed (H200 4K, 48 nodes: 1.82)
@@ -36,16 +39,17 @@ class ArFallback:
     prime_scale: float = 1.25    # the prompt's estimate times this is compared with the break-even
 
     def __post_init__(self):
-        if (self.window < 1 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
+        if (not self.slack >= 0 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
                 or self.prime_rows < 0 or not self.prime_scale > 0):
-            raise ValueError("ArFallback: window, min_ar, samples, min_pairs >= 1, max_ar >= min_ar, prime_rows >= 0 "
-                             "and prime_scale > 0 are required")
+            raise ValueError("ArFallback: slack >= 0, min_ar, samples, min_pairs >= 1, max_ar >= min_ar, "
+                             "prime_rows >= 0 and prime_scale > 0 are required")
         if not self.prior_break_even >= 1.0:
             raise ValueError(f"ArFallback: prior_break_even must be >= 1, got {self.prior_break_even}")
         self.reset()
 
     def reset(self) -> None:
-        self._seen: deque = deque(maxlen=self.window)
+        self._seen: list = []      # emitted tokens of the rounds since the last burst (the summary's mean)
+        self._deficit = 0.0        # the CUSUM S
         self._t_ar: deque = deque(maxlen=self.samples)
         self._t_spec: deque = deque(maxlen=self.samples)
         self._first = {"ar": True, "spec": True}
@@ -60,12 +64,16 @@ class ArFallback:
         return self.ar_left > 0
 
     def _burst(self, after_round: int, observed, be: float) -> None:
-        """Start a burst of `backoff` AR steps (doubled for the next); the probe rounds after it are
-        judged on their own window."""
+        """Start a burst of `backoff` AR steps (doubled for the next); the probe rounds after it start
+        from S = slack / 2: the rounds before it are forgotten (they already failed)."""
         self.ar_left = self.backoff
         self.bursts.append((after_round, self.backoff, observed, be))
         self.backoff = min(2 * self.backoff, self.max_ar)
+        self._probe()
+
+    def _probe(self) -> None:
         self._seen.clear()
+        self._deficit = self.slack / 2
 
     def _time(self, kind: str, seconds: float, into: deque) -> None:
         if self._first[kind]:
@@ -125,15 +133,12 @@ class ArFallback:
         self.rounds += 1
         self._time("spec", seconds, self._t_spec)
         self._seen.append(emitted)
-        # a probe of one round was judged with the failed round before its burst (a window of 2):
-        # on the H200 a text at MAL ~2.9 kept failing probes at a break-even of 2.1 (code 8K, NOTES)
-        if len(self._seen) < self.window:
-            return
-        mean, be = sum(self._seen) / len(self._seen), self.break_even()
-        if mean < be:
-            self._burst(self.rounds, mean, be)
-        else:
-            self.backoff = self.min_ar
+        be = self.break_even()
+        self._deficit = max(0.0, self._deficit + be - emitted)
+        if self._deficit > self.slack:
+            self._burst(self.rounds, sum(self._seen) / len(self._seen), be)
+        elif self._deficit == 0.0:
+            self.backoff = self.min_ar      # the probe paid
 
     def observe_agreement(self, top1: int, topk: int, pairs: int, depth: int) -> None:
         """Evidence from the AR steps themselves, at no round's cost (a mid-burst catch-up's
@@ -143,7 +148,7 @@ class ArFallback:
         if self.expected_length(top1, topk, pairs, depth) >= self.break_even():
             self.ar_left = 0
             self.backoff = self.min_ar
-            self._seen.clear()
+            self._probe()
 
     def summary(self) -> dict:
         return {"ar_steps": self.ar_steps, "spec_rounds": self.rounds, "break_even": self.break_even(),

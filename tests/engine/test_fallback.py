@@ -17,33 +17,47 @@ from .test_device_round import GREEDY, NSA
 
 
 def test_policy_bursts_double_and_reset_when_a_probe_pays():
-    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5)
-    f.observe_spec(1, 1.0)
-    assert not f.use_ar()                     # one round: not yet a window
-    f.observe_spec(2, 1.0)                    # mean 1.5 < 2.5
+    f = ArFallback(slack=2, min_ar=4, max_ar=16, prior_break_even=2.5)
+    f.observe_spec(1, 1.0)                    # S = 1.5 <= 2: within the slack
+    assert not f.use_ar()
+    f.observe_spec(1, 1.0)                    # S = 3 > 2: a burst
     assert f.ar_left == 4
     for _ in range(4):
         assert f.use_ar()
         f.observe_ar(0.5)
     assert not f.use_ar()
-    f.observe_spec(1, 1.0)                    # the probe's first round: judged with the next, not
-    assert not f.use_ar()                     # with the failed round before the burst
-    f.observe_spec(2, 1.0)                    # the probe's mean 1.5 < 2 (now timed) fails: a doubled burst
+    f.observe_spec(1, 1.0)                    # the probe starts at S = 1 (break-even now timed: 2): S = 2
+    assert not f.use_ar()
+    f.observe_spec(1, 1.0)                    # S = 3: the probe fails, a doubled burst
     assert f.ar_left == 8
     for _ in range(8):
         f.observe_ar(0.5)
     f.observe_spec(1, 1.0)
     assert not f.use_ar()
-    f.observe_spec(7, 1.0)                    # mean (1 + 7) / 2 = 4 pays: speculation resumes
+    f.observe_spec(7, 1.0)                    # S = max(0, 2 + 2 - 7) = 0: the probe paid, speculation resumes
     assert not f.use_ar() and f.backoff == 4
     # timed: the first sample of each kind is dropped (a capture), then medians
     assert f.break_even() == pytest.approx(1.0 / 0.5)
     s = f.summary()
     assert s["ar_steps"] == 12 and s["spec_rounds"] == 6 and [b["steps"] for b in s["bursts"]] == [4, 8]
+    assert [b["observed_length"] for b in s["bursts"]] == [1.0, 1.0]
+
+
+def test_policy_rides_out_short_rounds_on_a_text_that_pays_and_not_a_run_of_them():
+    """Accepted lengths vary round to round: three 1-token rounds then longer ones (mean 2.2 > 1.78)
+    stay within the slack (a mean over the last 4 rounds, 1.75, burst here); six in a row do not."""
+    f = ArFallback(slack=4, prior_break_even=1.78)
+    for e in (1, 1, 1, 4, 3, 1, 1, 1, 5, 2, 1, 1, 1, 1):
+        f.observe_spec(e, 1.0)
+    assert not f.bursts and not f.use_ar()    # the last four 1s: S = 3.12
+    f.observe_spec(1, 1.0)                    # a fifth: S = 3.90 <= 4
+    assert not f.bursts
+    f.observe_spec(1, 1.0)                    # a sixth: S = 4.68 > 4, a burst
+    assert len(f.bursts) == 1 and f.use_ar()
 
 
 def test_policy_caps_bursts_and_uses_the_prior_until_timed():
-    f = ArFallback(window=1, min_ar=2, max_ar=5, prior_break_even=3.0)
+    f = ArFallback(slack=0, min_ar=2, max_ar=5, prior_break_even=3.0)
     assert f.break_even() == 3.0
     sizes = []
     for _ in range(4):
@@ -55,7 +69,7 @@ def test_policy_caps_bursts_and_uses_the_prior_until_timed():
     assert f.break_even() == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("bad", [dict(window=0), dict(min_ar=0), dict(min_ar=8, max_ar=4), dict(prior_break_even=0.5)])
+@pytest.mark.parametrize("bad", [dict(slack=-1.0), dict(min_ar=0), dict(min_ar=8, max_ar=4), dict(prior_break_even=0.5)])
 def test_policy_refuses_bad_settings(bad):
     with pytest.raises(ValueError, match="ArFallback"):
         ArFallback(**bad)
@@ -70,7 +84,7 @@ def test_rounds_and_ar_steps_interleaved_keep_ar_tokens_and_the_drafter_in_step(
     d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=9), target)
     eng = DeviceEngine(r, d, check_sync=True) if engine else None
     # a break-even no round reaches: bursts after every probe (6 steps: the ring of 9 fills and flushes)
-    fb = ArFallback(window=1, min_ar=6, max_ar=12, prior_break_even=50.0)
+    fb = ArFallback(slack=0, min_ar=6, max_ar=12, prior_break_even=50.0)
     fb.break_even = lambda: 50.0
     res = generate_spec(r, d, prompt, GREEDY, 50, opts=SpecOptions(tree=TreeSpec(3, 2, 6)), engine=eng, fallback=fb)
     assert res.token_ids == ar.token_ids
@@ -106,7 +120,7 @@ def test_a_generation_ending_inside_a_burst_leaves_nothing_for_the_next():
     opts = SpecOptions(tree=TreeSpec(3, 2, 6))
 
     def bursts():
-        fb = ArFallback(window=1, min_ar=30, max_ar=30, prior_break_even=50.0)
+        fb = ArFallback(slack=0, min_ar=30, max_ar=30, prior_break_even=50.0)
         fb.break_even = lambda: 50.0
         return fb
     generate_spec(r, d, prompt, GREEDY, 12, opts=opts, engine=eng, fallback=bursts())   # ends mid-burst
@@ -125,7 +139,7 @@ def test_a_generation_ending_inside_a_burst_leaves_nothing_for_the_next():
 
 
 def test_policy_agreement_ends_a_burst_without_a_probe():
-    f = ArFallback(window=1, min_ar=64, max_ar=64, prior_break_even=2.5, min_pairs=16)
+    f = ArFallback(slack=0, min_ar=64, max_ar=64, prior_break_even=2.5, min_pairs=16)
     f.observe_agreement(30, 31, 31, depth=6)      # not in a burst: no effect
     assert not f.use_ar() and not f.agreements
     f.observe_spec(1, 1.0)
@@ -212,7 +226,7 @@ def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
 
 
 def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
-    f = ArFallback(window=1, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4)
+    f = ArFallback(slack=0, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4)
     f.observe_spec(1, 1.0)
     for _ in range(2):
         f.observe_ar(0.5)
@@ -232,13 +246,13 @@ def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
 
 
 def test_policy_prime_starts_with_a_burst_only_when_the_prompt_would_not_pay():
-    f = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.0)
+    f = ArFallback(slack=4, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.0)
     f.prime(6, 12, 31, depth=6)                    # 1.48 < 2.5: a burst first, as after a failed probe
     assert f.ar_left == 4 and f.backoff == 8 and f.bursts[0][:3] == (0, 4, None)
-    h = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.75)
+    h = ArFallback(slack=4, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16, prime_scale=1.75)
     h.prime(6, 12, 31, depth=6)                    # 1.75 x 1.48 >= 2.5: the prompt's estimate scaled up pays
     assert not h.use_ar()
-    g = ArFallback(window=2, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
+    g = ArFallback(slack=4, min_ar=4, max_ar=16, prior_break_even=2.5, min_pairs=16)
     g.prime(15, 26, 31, depth=6)                   # 2.61 >= 2.5: speculation from the start
     assert not g.use_ar() and not g.bursts and g.backoff == 4
     g.prime(1, 2, 15, depth=6)                     # too few pairs: no evidence

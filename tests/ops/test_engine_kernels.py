@@ -86,7 +86,7 @@ def test_graph_replay_equals_eager_fallback_rounds():
         r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
         d = Eagle3Drafter(head, target)
         eng = DeviceEngine(r, d, graphs=graphs)
-        fb = ArFallback(window=1, min_ar=5, max_ar=20, prior_break_even=50.0)
+        fb = ArFallback(slack=0, min_ar=5, max_ar=20, prior_break_even=50.0)
         fb.break_even = lambda: 50.0
         sp = generate_spec(r, d, prompt, GREEDY, 90, opts=SpecOptions(tree=TreeSpec(5, 3, 16)), engine=eng,
                            fallback=fb)
