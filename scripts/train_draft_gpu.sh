@@ -94,9 +94,13 @@ train-general)  # the general-purpose head: the shipped recipe plus the corpus (
         --num-prompts 1000 --self-prompts 500 --corpus-prompts 1500 --max-prompt-tokens 2048 --gen-batch 512 \
         --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
-finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus
+finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus.
+    # The head shipped since bd51d76 came from this with --init-from default when the default was the
+    # first head (git show e513856:ssv/data/eagle3-smollm2/...; run.json records the start's sha256);
+    # run now, it fine-tunes the fine-tuned head again. INIT_FROM overrides the starting head.
     shift
-    exec "$0" train --init-from default --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \
+    set -- --init-from "${INIT_FROM:-default}" "$@"
+    exec "$0" train --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \
         --num-prompts 1000 --self-prompts 500 --corpus-prompts 1500 --max-prompt-tokens 2048 --gen-batch 512 \
         --raw-tokens 2000000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 8 \
         --max-steps 2600 --lr 2e-4 "$@"

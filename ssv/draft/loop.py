@@ -45,12 +45,15 @@ def init_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool
 
 # fields that shape a head's weights or what they mean (max_position_embeddings only sizes RoPE caches)
 _ARCH = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-         "vocab_size", "draft_vocab_size", "target_hidden_size", "rope_theta", "rope_scaling", "window")
+         "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta", "rope_scaling",
+         "window")
 
 
 def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> tuple:
-    """(state dict, draft vocabulary ids) of the head --init-from names; refused unless it is the head
-    this run would build (same architecture, taps and draft vocabulary size) for this target."""
+    """(state dict, draft vocabulary ids, sha256 of its weights file) of the head --init-from names;
+    refused unless it is the head this run would build (same architecture, taps and draft vocabulary
+    size) for this target."""
+    import hashlib
     from pathlib import Path as _P
 
     from ssv.draft import default_head_path
@@ -64,7 +67,8 @@ def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> tupl
     if diff:
         raise ValueError(f"--init-from {folder}: the head differs from this run's {diff} (head, run); "
                          f"pass the matching --draft-vocab / --window")
-    return base.state_dict(), base.target_ids().cpu()
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    return base.state_dict(), base.target_ids().cpu(), digest
 
 
 def _rng_state() -> dict:

@@ -33,9 +33,10 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
             "raw_tokens", "raw_eval_tokens", "self_prompts", "corpus", "corpus_prompts", "corpus_tokens",
-            "corpus_eval_tokens", "init_from")
+            "corpus_eval_tokens", "init_from", "init_from_sha256")
 ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0, "corpus": "", "corpus_prompts": 0,
-              "corpus_tokens": 0, "corpus_eval_tokens": 0, "init_from": ""}  # keys newer than some run folders: their old value
+              "corpus_tokens": 0, "corpus_eval_tokens": 0, "init_from": "",
+              "init_from_sha256": ""}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -152,7 +153,6 @@ def cmd_train_draft(args) -> int:
     corpus = read_corpus([f for f in args.corpus.split(",") if f]) if args.corpus else []  # fails before any work
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    _check_run(run, args)
     torch.manual_seed(args.seed)
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -176,6 +176,9 @@ def cmd_train_draft(args) -> int:
         from ssv.draft.loop import load_base_head
 
         base = load_base_head(args.init_from, hcfg, ck.config, hcfg.layer_ids(ck.config.n_layers))
+    # the head's bytes, so that a resumed run or a re-run of `--init-from default` names the head it started from
+    args.init_from_sha256 = base[2] if base else ""
+    _check_run(run, args)   # after every refusal: a refused run leaves no settings behind
     tdtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     teacher = Teacher(ck.config, ck.state_dict, hcfg.layer_ids(ck.config.n_layers), args.device, tdtype,
                       backend=args.teacher_backend, attention=args.teacher_attention)

@@ -7,7 +7,7 @@ it emits more tokens than that. `ArFallback` keeps a one-sided CUSUM of the roun
 steps, then probes: the rounds after it start from S = slack / 2, so a text that still does not pay
 bursts again after a few rounds and one that does returns to S = 0. (A mean over the last 4 rounds,
 the rule before, burst on noise wherever the mean accepted length was near the break-even: on the H200
-with a head at MAL 2.1-2.3 against a break-even of 1.78 it burst 2-4 times in 128 tokens and ran 8-25%
+with a head at MAL 2.1-2.3 against a break-even of 1.78 it burst 2-4 times in 128 tokens and ran 9-22%
 below speculating every round; `scripts/sim_fallback.py`.) Bursts
 double while probes keep failing (up to `max_ar`) and shrink back once a probe pays, so a text the
 head drafts badly costs a probe every few hundred tokens and a text it drafts well never leaves
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 @dataclass
 class ArFallback:
-    # tokens a run of rounds may fall short of the break-even before a burst (the CUSUM's threshold).
-    # Simulated (scripts/sim_fallback.py, break-even 1.78, 128 tokens): see bench/NOTES.md; 0 bursts
-    # after any round below the break-even
+    # tokens a run of rounds may fall short of the break-even before a burst (the CUSUM's threshold;
+    # 0: a burst after any round below the break-even). Chosen by simulation (scripts/sim_fallback.py,
+    # bench/NOTES.md "Session 15"), measured once on the H200 (e2e-cuda-cusum-bd51d76.json)
     slack: float = 4.0
     min_ar: int = 32             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
@@ -48,7 +48,7 @@ class ArFallback:
         self.reset()
 
     def reset(self) -> None:
-        self._seen: list = []      # emitted tokens of the rounds since the last burst (the summary's mean)
+        self._seen = [0, 0]        # tokens and rounds since the last burst (a burst's observed mean)
         self._deficit = 0.0        # the CUSUM S
         self._t_ar: deque = deque(maxlen=self.samples)
         self._t_spec: deque = deque(maxlen=self.samples)
@@ -72,7 +72,7 @@ class ArFallback:
         self._probe()
 
     def _probe(self) -> None:
-        self._seen.clear()
+        self._seen = [0, 0]
         self._deficit = self.slack / 2
 
     def _time(self, kind: str, seconds: float, into: deque) -> None:
@@ -132,11 +132,11 @@ class ArFallback:
     def observe_spec(self, emitted: int, seconds: float) -> None:
         self.rounds += 1
         self._time("spec", seconds, self._t_spec)
-        self._seen.append(emitted)
+        self._seen = [self._seen[0] + emitted, self._seen[1] + 1]
         be = self.break_even()
         self._deficit = max(0.0, self._deficit + be - emitted)
         if self._deficit > self.slack:
-            self._burst(self.rounds, sum(self._seen) / len(self._seen), be)
+            self._burst(self.rounds, self._seen[0] / self._seen[1], be)
         elif self._deficit == 0.0:
             self.backoff = self.min_ar      # the probe paid
 
@@ -151,6 +151,8 @@ class ArFallback:
             self._probe()
 
     def summary(self) -> dict:
+        """`observed_length` of a burst: the mean of the rounds since the previous burst (or the start),
+        which may exceed the break-even when a run of short rounds ends a longer good stretch."""
         return {"ar_steps": self.ar_steps, "spec_rounds": self.rounds, "break_even": self.break_even(),
                 "bursts": [{"after_round": r, "steps": n, "observed_length": m, "break_even": b}
                            for r, n, m, b in self.bursts],

@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import torch
@@ -181,7 +182,13 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     # its export is that head again, and a head that does not match the run is refused before any work
     run2, out2 = tmp_path / "run2", tmp_path / "head2"
     from2 = [a if a != str(run) else str(run2) for a in common] + ["--init-from", str(out)]
-    assert main(from2 + ["--max-steps", "2", "--lr", "0", "--export", str(out2)]) == 0
+    assert main(from2 + ["--max-steps", "1", "--lr", "0"]) == 0
+    assert main(from2 + ["--max-steps", "2", "--lr", "0", "--export", str(out2)]) == 0   # resumed from state.pt
+    rows2 = [json.loads(x) for x in (run2 / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["step"] for r in rows2 if r["kind"] == "eval"]
+    assert evals[0] == 0 and evals.count(0) == 1           # the starting head evaluated once, not on resume
+    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads((run2 / "run.json").read_text())["init_from_sha256"] == digest
     head2, _ = load_eagle3(out2, target=target.cfg)
     assert torch.equal(head2.target_ids(), head.target_ids())
     sd, sd2 = head.state_dict(), head2.state_dict()
@@ -189,4 +196,6 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     run3 = tmp_path / "run3"
     bad = [a if a != str(run) else str(run3) for a in common] + ["--init-from", str(out)]
     bad[bad.index("--draft-vocab") + 1] = "20"
-    assert main(bad) == 2 and not (run3 / "data").exists()
+    assert main(bad) == 2 and not (run3 / "data").exists() and not (run3 / "run.json").exists()
+    bad[bad.index("--draft-vocab") + 1] = "30"              # a refused run leaves nothing that refuses the retry
+    assert main(bad + ["--max-steps", "1"]) == 0

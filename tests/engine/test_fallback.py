@@ -44,8 +44,9 @@ def test_policy_bursts_double_and_reset_when_a_probe_pays():
 
 
 def test_policy_rides_out_short_rounds_on_a_text_that_pays_and_not_a_run_of_them():
-    """Accepted lengths vary round to round: three 1-token rounds then longer ones (mean 2.2 > 1.78)
-    stay within the slack (a mean over the last 4 rounds, 1.75, burst here); six in a row do not."""
+    """Accepted lengths vary round to round: runs of three 1-token rounds between longer ones (the first
+    10 rounds' mean 2.0 > 1.78) stay within the slack, where a mean over the last 4 rounds (1.75) burst
+    at the 4th round; six 1-token rounds in a row do not."""
     f = ArFallback(slack=4, prior_break_even=1.78)
     for e in (1, 1, 1, 4, 3, 1, 1, 1, 5, 2, 1, 1, 1, 1):
         f.observe_spec(e, 1.0)

@@ -336,7 +336,7 @@ def test_route_scores_a_path_block_near_its_committed_twin(dtype, fused):
     dtype), while a tree node at t scores it as a path-specific block in fp32 (a weighted sum of its
     slots' scores, never rounded). The two differ by the cache dtype's rounding of one key, no more:
     the last node of a chain over [P0, t] gets the AR step's importance to a few units of that rounding.
-    (Rounding the path key as committing does closes the gap exactly but made the split launch 1.2-2.9x
+    (Rounding the path key as committing does closes the gap exactly but made a routing call 1.2-1.7x
     slower on the H200, bench/NOTES.md "Rounded path keys"; bf16 arithmetic elsewhere in a tree pass
     perturbs scores as much.)"""
     cfg = NSAConfig(**{**CFG, **dict(cmp_block=16, cmp_stride=8, slc_block=32, n_select=3, window=16)})
