@@ -1,0 +1,44 @@
+"""`make demo`'s job timed: `ssv generate` on its prompt with --mode ar and --mode ssv, alternating,
+REPEATS times each (fresh processes, so each pays its own load; tok/s covers decoding only). Writes
+OUT.json (bench/results/demo-cpu.json) with the tok/s and mean accepted length of every run.
+    python3 scripts/demo_cpu.py [OUT.json] [REPEATS]
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+
+PROMPT = "Explain in two sentences why the sky is blue."   # the Makefile's PROMPT
+
+
+def run(mode: str) -> dict:
+    cmd = [sys.executable, "-m", "ssv", "generate", "--model", "default", "--attention", "nsa", "--mode", mode,
+           "--chat", "--max-new-tokens", "48", "--prompt", PROMPT, "--json"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    st = out["stats"]
+    return dict(mode=mode, tokens_per_second=st["tokens_per_second"],
+                mean_accepted_length=st.get("mean_accepted_length", 1.0), rounds=st.get("rounds"),
+                ar_steps=st.get("fallback", {}).get("ar_steps") if isinstance(st.get("fallback"), dict) else None,
+                token_ids=out["token_ids"])
+
+
+def main(out: str, repeats: int) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    runs = []
+    for i in range(repeats):
+        for mode in ("ar", "ssv"):
+            r = run(mode)
+            runs.append(dict(run=i + 1, **r))
+            print(f"{mode:4s} {r['tokens_per_second']:6.2f} tok/s  MAL {r['mean_accepted_length']:.2f}", flush=True)
+    ids = {json.dumps(r["token_ids"]) for r in runs}
+    env = dict(device="cpu (2 threads)", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               commit=commit or "?")
+    json.dump(dict(env=env, command=f"ssv generate --model default --attention nsa --mode {{ar,ssv}} --chat "
+                   f"--max-new-tokens 48 --prompt '{PROMPT}' --json (make demo's prompt), runs alternating ar, ssv",
+                   identical_tokens=len(ids) == 1, runs=runs), open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/demo-cpu.json", int(sys.argv[2]) if len(sys.argv) > 2 else 2)
