@@ -71,6 +71,26 @@ def test_greedy_strict_rows_are_identical_to_ar(setup):
     assert all(r["min_top2_margin"] >= 0 for r in ar)
 
 
+def test_repeats_interleave_runs_and_summarize_by_median(setup):
+    docs, _, _ = setup
+    target = tiny_target()
+    drafter = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    rows = eval_spec(target, drafter, {"code": docs["code"]}, CONTEXTS[:1], 6, TreeSpec(3, 2, 6),
+                     which={"ssv strict"}, make_runner=lambda att: Runner(target, attention=att, nsa=NSA),
+                     repeats=3)
+    assert [(r["rep"], r["mode"]) for r in rows] == [(k, m) for k in range(3) for m in ("ar", "ssv strict")]
+    spec = [r for r in rows if r["mode"] == "ssv strict"]
+    assert len({r["mean_accepted_length"] for r in spec}) == 1      # a repeat is the same run again
+    for i, r in enumerate(spec):   # planted timings: the summary takes medians, not means
+        r["speedup_vs_ar"], r["tokens_per_second"] = [1.0, 5.0, 2.0][i], [10.0, 50.0, 20.0][i]
+    (s,) = [x for x in summarize(rows, 6) if x["mode"] == "ssv strict"]
+    assert s["repeats"] == 3 and s["docs"] == 1 and s["speedup_vs_ar"] == 2.0 and s["tokens_per_second"] == 20.0
+    assert s["speedup_range"] == [1.0, 5.0]
+    assert s["identical_to_ar"] == 1 and s["divergences"] == 0 and s["tokens_compared"] == 6   # counted once
+    with pytest.raises(ValueError, match="repeats"):
+        eval_spec(target, drafter, {"code": docs["code"]}, CONTEXTS[:1], 6, TreeSpec(3, 2, 6), repeats=0)
+
+
 def test_sampled_rows_have_no_first_difference_and_are_seeded(setup):
     _, run, rows = setup
     sampled = [r for r in rows if r["temperature"] == 0.7]

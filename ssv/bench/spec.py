@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -131,14 +132,17 @@ def first_diff(a: list, b: list):
 
 def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
-              warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0) -> list:
+              warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1) -> list:
     """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
     token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
     family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
     row (the benchmark writes its JSON there, so a run cut short keeps them). warmup > 0: first generate
     that many tokens in every mode at every temperature (untimed), so kernel compilation and
     launch-config tuning do not land in the first document's tokens/s. Sampling uses `seed` in every
-    run (reproducible on the host)."""
+    run (reproducible on the host). repeats > 1: each document's `ar` run and mode runs are repeated
+    in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     docs = docs if isinstance(docs, dict) else {"code": docs}
     params = {float(t): SamplingParams(temperature=float(t)) for t in temperatures}   # bad values fail here
@@ -158,27 +162,29 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     for L in contexts:   # context-major: a run cut short still covers every family
         for (family, d, doc), (T, sp) in itertools.product(items, params.items()):
             ids, greedy = cut(doc, L), sp.greedy
-            base = dict(family=family, context=L, temperature=T, doc=d, prompt_tokens=len(ids))
-            ar = generate_ar(make_runner("nsa"), ids, sp, new_tokens, seed=seed, margins=greedy)
-            ar_tps = ar.stats["tokens_per_second"]
-            rows.append(dict(base, mode="ar", mean_accepted_length=1.0, tokens_per_second=ar_tps,
-                             first_diff_vs_ar=None, min_top2_margin=min(ar.stats["top2_margins"]) if greedy else None))
-            for name, (att, opts) in table.items():
-                sd = generate_spec(make_runner(att), drafter, ids, sp, new_tokens, opts, seed=seed)
-                st = sd.stats
-                # sampled: the tokens differ from ar's by design, there is no first difference
-                diff = first_diff(ar.token_ids, sd.token_ids) if greedy else None
-                rows.append(dict(base, mode=name, tokens=len(sd.token_ids),
-                                 mean_accepted_length=st["mean_accepted_length"],
-                                 acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
-                                 tokens_per_second=st["tokens_per_second"],
-                                 speedup_vs_ar=st["tokens_per_second"] / max(ar_tps, 1e-9),
-                                 first_diff_vs_ar=diff,
-                                 ar_margin_at_diff=None if diff is None else ar.stats["top2_margins"][diff]))
-                if progress:
-                    print(rows[-1], file=sys.stderr, flush=True)
-                if on_row:
-                    on_row(rows)
+            for rep in range(repeats):
+                base = dict(family=family, context=L, temperature=T, doc=d, rep=rep, prompt_tokens=len(ids))
+                ar = generate_ar(make_runner("nsa"), ids, sp, new_tokens, seed=seed, margins=greedy)
+                ar_tps = ar.stats["tokens_per_second"]
+                margin = min(ar.stats["top2_margins"]) if greedy else None
+                rows.append(dict(base, mode="ar", mean_accepted_length=1.0, tokens_per_second=ar_tps,
+                                 first_diff_vs_ar=None, min_top2_margin=margin))
+                for name, (att, opts) in table.items():
+                    sd = generate_spec(make_runner(att), drafter, ids, sp, new_tokens, opts, seed=seed)
+                    st = sd.stats
+                    # sampled: the tokens differ from ar's by design, there is no first difference
+                    diff = first_diff(ar.token_ids, sd.token_ids) if greedy else None
+                    rows.append(dict(base, mode=name, tokens=len(sd.token_ids),
+                                     mean_accepted_length=st["mean_accepted_length"],
+                                     acceptance_by_depth=st["acceptance_by_depth"], rounds=st["rounds"],
+                                     tokens_per_second=st["tokens_per_second"],
+                                     speedup_vs_ar=st["tokens_per_second"] / max(ar_tps, 1e-9),
+                                     first_diff_vs_ar=diff,
+                                     ar_margin_at_diff=None if diff is None else ar.stats["top2_margins"][diff]))
+                    if progress:
+                        print(rows[-1], file=sys.stderr, flush=True)
+                    if on_row:
+                        on_row(rows)
     return rows
 
 
@@ -192,13 +198,22 @@ def summarize(rows: list, new_tokens: int = 0) -> list:
     `ar` up to its first differing token; `divergence_rate` is first differences per token compared
     (rows without a `tokens` count, from older files, count new_tokens). Sampled groups (temperature
     > 0) are not compared with `ar` (None). acceptance_by_depth: the elementwise mean over documents,
-    shorter lists padded with 0 (a tree that is not that deep never accepts there)."""
+    shorter lists padded with 0 (a tree that is not that deep never accepts there). Repeated runs
+    (`rep` > 0, the same tokens again) count once for agreement and acceptance; a document's tok/s
+    and speedup are the medians over its repeats (`speedup_range`: the extremes of the ratios)."""
     out, groups = [], {}
     for r in rows:
         groups.setdefault(_key(r), []).append(r)
     for key in sorted(groups):
-        rs = groups[key]
+        every = groups[key]
+        rs = [r for r in every if r.get("rep", 0) == 0]   # one run per document
         family, context, temperature, mode = key
+        per_doc = {}
+        for r in every:
+            per_doc.setdefault(r.get("doc", 0), []).append(r)
+        tps = statistics.fmean(statistics.median(r["tokens_per_second"] for r in v) for v in per_doc.values())
+        ratios = [r.get("speedup_vs_ar", 1.0) for r in every]
+        speedup = statistics.fmean(statistics.median(r.get("speedup_vs_ar", 1.0) for r in v) for v in per_doc.values())
         diffs = [r["first_diff_vs_ar"] for r in rs]
         margins = [r.get("ar_margin_at_diff") for r in rs if r.get("ar_margin_at_diff") is not None]
         compared = sum(r.get("tokens", new_tokens) if r["first_diff_vs_ar"] is None else r["first_diff_vs_ar"] + 1
@@ -213,8 +228,8 @@ def summarize(rows: list, new_tokens: int = 0) -> list:
                         mean_accepted_length=sum(r["mean_accepted_length"] for r in rs) / len(rs),
                         acceptance_by_depth=[sum(a[i] if i < len(a) else 0.0 for a in depth) / len(depth)
                                              for i in range(width)] if depth else None,
-                        tokens_per_second=sum(r["tokens_per_second"] for r in rs) / len(rs),
-                        speedup_vs_ar=sum(r.get("speedup_vs_ar", 1.0) for r in rs) / len(rs),
+                        tokens_per_second=tps, speedup_vs_ar=speedup, speedup_range=[min(ratios), max(ratios)],
+                        repeats=len(every) // max(1, len(rs)),
                         identical_to_ar=sum(d is None for d in diffs) if greedy else None,
                         max_ar_margin_at_diff=max(margins) if margins else None))
     return out
@@ -238,6 +253,8 @@ def add_args(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", nargs="+", help="subset of: 'ssv strict', 'ssv approx C16', "
                    "'ssv approx C16 reuse/2', 'eagle3 dense', 'ssv strict tree DxKxN' (default: all)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every document, ar and modes in turn; tok/s and speedup are their medians")
     p.add_argument("--warmup", type=int, default=8, help="untimed tokens per mode before measuring (0: none)")
     p.add_argument("--extra-trees", nargs="*", default=[], metavar="D,K,N",
                    help="also measure ssv strict with these tree shapes (depth,top-k,tokens), for the profile")
@@ -258,6 +275,8 @@ def cmd_bench_spec(args) -> int:
     from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
 
     temps = [SamplingParams(temperature=t).temperature for t in args.temperatures]  # bad input fails first
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     texts = load_prompts(args.prompts) if args.prompts else None
     families = check_families(args.families, texts)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
@@ -297,7 +316,7 @@ def cmd_bench_spec(args) -> int:
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
                      make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
-                     extra_trees=extra, temperatures=temps, seed=args.seed)
+                     extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature
