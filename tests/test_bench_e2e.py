@@ -63,6 +63,16 @@ def test_summary_of_interleaved_repeats_takes_medians_and_pairs_each_repeat_with
     assert s["ssv strict"]["identical_to_ar"] == 1                         # counted over the first repeat
 
 
+def test_summary_counts_a_mode_measured_only_in_a_later_repeat():
+    """Runs merged from processes (each ratio against the same process's ar-nsa, told apart by rep): a
+    mode that ran only in rep 1 still reports its agreement with ar, from its own first repeat."""
+    rows = [{"family": "code", "target_context": 4096, "doc": 0, "rep": rep, "mode": mode, "tokens_per_second": t,
+             "mean_accepted_length": 1.0, "identical_to_ar": True}
+            for rep, mode, t in ((0, "ar-nsa", 100.0), (1, "ar-nsa", 80.0), (1, "ar dense", 120.0))]
+    s = {r["mode"]: r for r in summarize(rows)}
+    assert s["ar dense"]["identical_to_ar"] == 1 and s["ar dense"]["speedup_vs_ar_nsa"] == pytest.approx(1.5)
+
+
 def test_bench_e2e_refuses_repeats_below_one():
     import argparse
     from ssv.bench.e2e import add_args, cmd_bench_e2e
