@@ -20,7 +20,7 @@ def run(mode: str) -> dict:
     st = out["stats"]
     return dict(mode=mode, tokens_per_second=st["tokens_per_second"],
                 mean_accepted_length=st.get("mean_accepted_length", 1.0), rounds=st.get("rounds"),
-                ar_steps=st.get("fallback", {}).get("ar_steps") if isinstance(st.get("fallback"), dict) else None,
+                ar_steps=(st.get("fallback") or {}).get("ar_steps"),
                 token_ids=out["token_ids"])
 
 

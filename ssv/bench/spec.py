@@ -206,7 +206,8 @@ def summarize(rows: list, new_tokens: int = 0) -> list:
         groups.setdefault(_key(r), []).append(r)
     for key in sorted(groups):
         every = groups[key]
-        rs = [r for r in every if r.get("rep", 0) == 0]   # one run per document
+        r0 = min(r.get("rep", 0) for r in every)
+        rs = [r for r in every if r.get("rep", 0) == r0]   # one run per document
         family, context, temperature, mode = key
         per_doc = {}
         for r in every:

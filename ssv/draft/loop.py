@@ -8,7 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
@@ -20,15 +20,19 @@ from ssv.draft.vocab import count_tokens, coverage, top_tokens
 SIZE_LIMIT = 25_000_000
 
 
-def build_vocab(run: Path, train_data: List[dict], vocab_size: int, n: int, log: Callable) -> torch.Tensor:
+def build_vocab(run: Path, train_data: List[dict], vocab_size: int, n: int, log: Callable,
+                fixed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The run's draft vocabulary (vocab.pt): the n most frequent answer tokens, or `fixed` (a starting
+    head's) with its coverage of this run's answers."""
     path = run / "vocab.pt"
     if path.exists():
         return torch.load(path, weights_only=True)["ids"]
     counts = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data), vocab_size)
-    ids = top_tokens(counts, n)
+    ids = top_tokens(counts, n) if fixed is None else fixed
     cov = coverage(counts, ids)
     torch.save({"ids": ids, "counts": counts, "coverage": cov}, path)
-    log(f"draft vocabulary: {n} of {vocab_size} target tokens cover {cov:.2%} of the answer tokens")
+    log(f"draft vocabulary{'' if fixed is None else ' of the starting head'}: {len(ids)} of {vocab_size} "
+        f"target tokens cover {cov:.2%} of the answer tokens")
     return ids
 
 
@@ -49,17 +53,22 @@ _ARCH = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_val
          "window")
 
 
-def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> tuple:
-    """(state dict, draft vocabulary ids, sha256 of its weights file) of the head --init-from names;
-    refused unless it is the head this run would build (same architecture, taps and draft vocabulary
+class BaseHead(NamedTuple):
+    """The head --init-from names: its weights, draft vocabulary (target ids) and weights file's sha256."""
+    state: dict
+    ids: torch.Tensor
+    sha256: str
+
+
+def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> BaseHead:
+    """Refused unless it is the head this run would build (same architecture, taps and draft vocabulary
     size) for this target."""
     import hashlib
-    from pathlib import Path as _P
 
     from ssv.draft import default_head_path
-    from ssv.draft.io import load_eagle3
+    from ssv.draft.io import WEIGHTS_NAME, load_eagle3
 
-    folder = default_head_path() if spec == "default" else _P(spec)
+    folder = default_head_path() if spec == "default" else Path(spec)
     base, bcfg = load_eagle3(folder, target=target_cfg)
     diff = {k: (getattr(bcfg, k), getattr(hcfg, k)) for k in _ARCH if getattr(bcfg, k) != getattr(hcfg, k)}
     if tuple(bcfg.layer_ids(target_cfg.n_layers)) != tuple(layer_ids):
@@ -67,8 +76,8 @@ def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> tupl
     if diff:
         raise ValueError(f"--init-from {folder}: the head differs from this run's {diff} (head, run); "
                          f"pass the matching --draft-vocab / --window")
-    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    return base.state_dict(), base.target_ids().cpu(), digest
+    digest = hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest()
+    return BaseHead(base.state_dict(), base.target_ids().cpu(), digest)
 
 
 def _rng_state() -> dict:
@@ -153,25 +162,18 @@ def export(head, run: Path, out: Path, dtype_name: str, summary: dict, log: Call
 
 
 def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optional[float], log: Callable,
-               base: Optional[tuple] = None) -> int:
+               base: Optional[BaseHead] = None) -> int:
     from tqdm import tqdm
 
     from ssv.draft.train import EXIT_RESUME
 
     dev = torch.device(args.device)
     train_data, eval_data = gen.load_split(run / "data", "train"), gen.load_split(run / "data", "eval")
-    if base is not None:   # --init-from: its vocabulary, its weights (a resumed run reloads state.pt below)
-        ids = base[1]
-        if not (run / "vocab.pt").exists():
-            counts = count_tokens((x["ids"][x["prompt_len"]:] for x in train_data), ck.config.vocab_size)
-            cov = coverage(counts, ids)
-            torch.save({"ids": ids, "counts": counts, "coverage": cov}, run / "vocab.pt")
-            log(f"draft vocabulary of {args.init_from}: covers {cov:.2%} of this run's answer tokens")
-    else:
-        ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log)
+    ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log,
+                      fixed=base.ids if base is not None else None)
     head = init_head(hcfg, ids, ck.state_dict, args.init_from_target)
-    if base is not None:
-        head.load_state_dict(base[0], strict=True)
+    if base is not None:   # --init-from: its weights (a resumed run reloads state.pt below)
+        head.load_state_dict(base.state, strict=True)
     head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     lengths = [s["ids"].numel() for s in train_data]

@@ -177,7 +177,7 @@ def cmd_train_draft(args) -> int:
 
         base = load_base_head(args.init_from, hcfg, ck.config, hcfg.layer_ids(ck.config.n_layers))
     # the head's bytes, so that a resumed run or a re-run of `--init-from default` names the head it started from
-    args.init_from_sha256 = base[2] if base else ""
+    args.init_from_sha256 = base.sha256 if base else ""
     _check_run(run, args)   # after every refusal: a refused run leaves no settings behind
     tdtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     teacher = Teacher(ck.config, ck.state_dict, hcfg.layer_ids(ck.config.n_layers), args.device, tdtype,
