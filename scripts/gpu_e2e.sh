@@ -9,6 +9,7 @@
 #            more of the step table if call 1 ran out of time, else the kernel tests
 #   call 3 (AT ONCE):  bash scripts/gpu_e2e.sh 3   carry [".stage/draft/gguf.part2", ".stage/draft/gguf.sha256",
 #            ".stage/e2e-prompts.json", ".whl"]: the default model's e2e table
+#   or call 3 as `planner` (carry .stage/planner-prompts.json instead): `ssv bench planner`
 # SSV_COMMIT names the commit (no git there). Results: $OUT/e2e-cuda.json, e2e-cuda.png, logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -36,6 +37,14 @@ case "${1:?call number}" in
     timeout 560 python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
         --contexts ${CONTEXTS:-4096 1024 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
         --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" "${@:2}" 2>&1 | tail -60
+    ;;
+planner)  # `ssv bench planner` (carry .stage/planner-prompts.json: scripts/make_e2e_prompts.py --docs 4
+          # --out .stage/planner-prompts.json) after calls 1 and 2, in place of call 3
+    bash scripts/train_draft_gpu.sh assemble
+    [ -n "${PLANNER_TESTS:-}" ] && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_bench_planner.py 2>&1 | tail -3
+    timeout ${PLANNER_TIMEOUT:-560} python3 -m ssv bench planner --model /tmp/ssv-smollm2.gguf \
+        --prompts .stage/planner-prompts.json --out "$OUTD" "${@:2}" 2>"$OUTD/planner-cuda.log" | tail -30
+    tail -3 "$OUTD/planner-cuda.log"
     ;;
 esac
 cp "$OUTD"/e2e-cuda.json "$OUTD"/e2e-cuda.png "$OUTD"/e2e-tests-h200.log /tmp/e2e/ 2>/dev/null || true

@@ -276,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ssv.bench import e2e as bench_e2e
     bench_e2e.add_args(be)
     be.set_defaults(func=bench_e2e.cmd_bench_e2e)
+    bp = bsub.add_parser("planner", help="the adaptive planner against every fixed strategy on a mixed prompt set")
+    from ssv.bench import planner as bench_planner
+    bench_planner.add_args(bp)
+    bp.set_defaults(func=bench_planner.cmd_bench_planner)
     return p
 
 

@@ -79,13 +79,14 @@ def _ar_keep(runner: Runner, drafter, root: int, params: SamplingParams, gen: to
 
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
-                  planner=None, engine=None, fallback=None) -> GenResult:
+                  planner=None, engine=None, fallback=None, round_seconds: Optional[list] = None) -> GenResult:
     """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`.
     fallback (ssv.spec.fallback.ArFallback): AR steps instead of rounds while speculation does not pay
     (the same tokens: strict rounds and AR steps agree; the drafter is caught up before a round).
     engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): rounds run
     device-resident (graphed on CUDA), greedy or sampled (coins from the engine's generator, seeded
-    with `seed`: the same distribution as the host round, not the same draws)."""
+    with `seed`: the same distribution as the host round, not the same draws).
+    round_seconds: a list that gets each speculative round's wall time (a benchmark's switch costs)."""
     if opts is None and planner is None:
         raise ValueError("generate_spec needs SpecOptions or a planner")
     check_budget(runner, len(prompt_ids), max_new_tokens)
@@ -160,8 +161,11 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             root_logp = commit(runner, drafter, res, taps)
             new = res.tokens + [res.bonus]
         rounds += 1
+        dt = time.perf_counter() - t_round
+        if round_seconds is not None:
+            round_seconds.append(dt)
         if fallback is not None:
-            fallback.observe_spec(len(new), time.perf_counter() - t_round)
+            fallback.observe_spec(len(new), dt)
         if planner is not None:
             planner.observe(len(new))
         depth_hits += [0] * (len(new) - len(depth_hits))  # a drafter may exceed the spec's depth

@@ -149,24 +149,27 @@ class Profile:
     @classmethod
     def from_rows(cls, rows: Sequence[dict], strategies: dict, meta: Optional[dict] = None) -> "Profile":
         """From benchmark rows {context, mode, mean_accepted_length, tokens_per_second}: one bucket per
-        measured context, bounded by it; `strategies` maps a mode name to its Strategy (other modes,
-        e.g. `ar` or dense attention, are not strategies and are skipped)."""
+        measured context, holding the lengths nearer to it than to its neighbours (bounds at the
+        midpoints: a 1K prompt decodes past 1,024 tokens at once, and its rounds are still the 1K
+        rows' kind); `strategies` maps a mode name to its Strategy (other modes, e.g. `ar` or dense
+        attention, are not strategies and are skipped). meta["contexts"]: the measured contexts."""
         by = {}
         for r in rows:
             if r["mode"] in strategies and r.get("tokens_per_second", 0) > 0:
                 by.setdefault(r["context"], {}).setdefault(r["mode"], []).append(r)
         if not by:
             raise ValueError("no benchmark row names a known strategy")
-        bounds = sorted(by)
+        measured = sorted(by)
+        bounds = [(a + b) // 2 for a, b in zip(measured, measured[1:])] + [measured[-1]]
         entries = []
-        for c in bounds:
+        for c in measured:
             es = []
             for mode, rs in sorted(by[c].items()):
                 mal = sum(r["mean_accepted_length"] for r in rs) / len(rs)
                 spr = sum(r["mean_accepted_length"] / r["tokens_per_second"] for r in rs) / len(rs)
                 es.append(Entry(strategies[mode], max(1.0, mal), spr))
             entries.append(es)
-        return cls(bounds, entries, dict(meta or {}))
+        return cls(bounds, entries, {**(meta or {}), "contexts": measured})
 
 
 class AdaptivePlanner:

@@ -191,7 +191,7 @@ def test_bench_spec_rows_and_summary():
     assert strat["ssv strict tree 3x2x6"].tree == TreeSpec(3, 2, 6) and strat["ssv strict"].tree.depth == 5
     assert strat["ssv approx C16 reuse/2"].refresh_every == 2 and strat["sd-naive"].group_size == 1
     prof = Profile.from_rows(rows, strat)   # the planner's offline profile from these rows
-    assert prof.bounds == [60, 130]
+    assert prof.bounds == [95, 130] and prof.meta["contexts"] == [60, 130]
     assert {e.strategy.name for e in prof.entries[0]} == {"ssv strict", "ssv approx C16", "ssv strict tree 3x2x6"}
     assert all(s["docs"] == 2 for s in summ)
     for s in summ:  # agreement with ar: every token of a run that never diverged is compared

@@ -87,7 +87,9 @@ def test_profile_from_benchmark_rows():
             dict(context=1024, mode="ssv strict", mean_accepted_length=2.0, tokens_per_second=10.0),
             dict(context=4096, mode="ssv strict", mean_accepted_length=2.5, tokens_per_second=5.0)]
     p = Profile.from_rows(rows, {"ssv strict": DEEP}, meta={"device": "test"})
-    assert p.bounds == [1024, 4096] and [len(es) for es in p.entries] == [1, 1]
+    assert p.bounds == [2560, 4096] and [len(es) for es in p.entries] == [1, 1]   # the 1K rows serve up to 2560
+    assert p.meta == {"device": "test", "contexts": [1024, 4096]}
+    assert p.bucket(1025) == 0 and p.bucket(2561) == 1 and p.bucket(9000) == 1
     e = p.entries[0][0]
     assert e.strategy == DEEP and e.mean_accepted_length == 2.5 and abs(e.seconds_per_round - 0.2) < 1e-12
     with pytest.raises(ValueError, match="known strategy"):
