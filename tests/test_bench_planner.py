@@ -93,7 +93,7 @@ def test_profile_and_mixed_set_on_the_device_round_keep_ar_tokens():
 def test_adaptive_runs_replayed_from_graphs_equal_eager_runs():
     """The planner switching strategies between captured graphs: the same tokens and switches as the
     same run on the same GPU without graphs."""
-    target = tiny_target(vocab=80, layers=4).cuda()
+    target = tiny_target(vocab=80, layers=4, head_dim=16).cuda()
     drafter = Eagle3Drafter(tiny_head(target, draft_vocab=40).cuda(), target)
     gen = torch.Generator().manual_seed(4)
     ctx = [40, 90]

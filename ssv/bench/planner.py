@@ -109,8 +109,9 @@ def mixed_set(docs: dict, contexts, seed: int = 0) -> list:
 
 
 def run_mixed(runner, engine, drafter, docs: dict, items: list, strategies, prof: Profile, new_tokens: int,
-              repeats: int = 1, allow_approx: bool = False, log=None) -> list:
-    """Rows per (prompt, run, repeat); runs 'ar-nsa', every strategy's name, 'adaptive'."""
+              repeats: int = 1, allow_approx: bool = False, log=None, on_prompt=None) -> list:
+    """Rows per (prompt, run, repeat); runs 'ar-nsa', every strategy's name, 'adaptive'. on_prompt(rows)
+    after every prompt's runs (the benchmark saves there: a run cut short keeps its rows)."""
     runs = ["ar-nsa"] + [s.name for s in strategies] + ["adaptive"]
     by_name = {s.name: s for s in strategies}
     planner = AdaptivePlanner(prof, runner.model.cfg.n_layers, allow_approx=allow_approx)
@@ -124,6 +125,8 @@ def run_mixed(runner, engine, drafter, docs: dict, items: list, strategies, prof
                 rows.append({"prompt": p, "family": fam, "doc": d, "context": L, "rep": rep, "run": name, **r})
                 if log:
                     log(rows[-1])
+            if on_prompt:
+                on_prompt(rows)
     return rows
 
 
@@ -237,22 +240,36 @@ def cmd_bench_planner(args) -> int:
     run_one(runner, engine, drafter, warm, 16)
     for s in space:
         run_one(runner, engine, drafter, warm, 16, strategy=s)
-    log = lambda r: print({k: v for k, v in r.items() if k not in ("tokens", "switches")}, file=sys.stderr, flush=True)  # noqa: E731
+    def log(r):
+        brief = {k: v for k, v in r.items() if k not in ("tokens", "switches")}
+        if "tokens" in r:
+            brief.update(emitted=len(r["tokens"]) - 1, head=r["tokens"][:4])
+        if r.get("switches"):
+            brief["switches"] = [(s["round"], s["to"]) for s in r["switches"]]
+        print(brief, file=sys.stderr, flush=True)
     prof_rows, prof = profile(runner, engine, drafter, prof_docs, args.contexts, space, args.new_tokens,
                               meta={"env": env, "source": f"ssv bench planner, documents {args.profile_docs}"}, log=log)
     os.makedirs(args.out, exist_ok=True)
     prof.save(os.path.join(args.out, f"planner-profile-{args.device}.json"))
     items = mixed_set(eval_docs, args.contexts, args.seed)
-    rows = run_mixed(runner, engine, drafter, eval_docs, items, space, prof, args.new_tokens, args.repeats,
-                     allow_approx=args.precision == "approx", log=log)
-    summ = summarize(rows)
+    path = os.path.join(args.out, f"planner-{args.device}.json")
     doc = {"env": env, "args": {k: v for k, v in vars(args).items() if k != "func"},
            "strategies": [s.to_json() for s in space], "profile_rows": prof_rows,
-           "mixed_set": [{"family": f, "doc": args.eval_docs[d], "context": L} for f, d, L in items],
-           "summary": summ, "rows": rows}
-    path = os.path.join(args.out, f"planner-{args.device}.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+           "mixed_set": [{"family": f, "doc": args.eval_docs[d], "context": L} for f, d, L in items]}
+
+    def save(rows):
+        # a run cut short: only the prompts every repeat reached are summarized
+        done = {r["prompt"] for r in rows if r["rep"] == rows[-1]["rep"]} if rows[-1]["rep"] else None
+        keep = [r for r in rows if done is None or r["prompt"] in done]
+        doc.update(summary=summarize(keep), complete_prompts=len({r["prompt"] for r in keep}), rows=rows)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    rows = run_mixed(runner, engine, drafter, eval_docs, items, space, prof, args.new_tokens, args.repeats,
+                     allow_approx=args.precision == "approx", log=log, on_prompt=save)
+    save(rows)
+    summ = doc["summary"]
     print(f"{'run':28s} {'tok/s':>8s} {'MAL':>5s} {'== ar':>6s}")
     for n, t in summ["runs"].items():
         print(f"{n:28s} {t['tokens_per_second']:8.1f} {t['mean_accepted_length']:5.2f} {t['identical_to_ar_nsa']:>6s}")

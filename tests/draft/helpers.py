@@ -8,10 +8,11 @@ from ssv.draft.eagle3 import Eagle3Config, Eagle3Head, masked_attention
 from ssv.model import Transformer
 
 
-def tiny_target(vocab=80, layers=6, seed=0) -> Transformer:
+def tiny_target(vocab=80, layers=6, seed=0, head_dim=8) -> Transformer:
+    """head_dim >= 16 for the Triton kernels on a GPU (tl.dot's smallest K)."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, n_layers=layers, n_heads=4,
-                      n_kv_heads=2, head_dim=8, max_seq_len=512, rope=RopeConfig(theta=1000.0),
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=4 * head_dim, intermediate_size=48, n_layers=layers, n_heads=4,
+                      n_kv_heads=2, head_dim=head_dim, max_seq_len=512, rope=RopeConfig(theta=1000.0),
                       tie_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
     m = Transformer(cfg)
     for p in m.parameters():
