@@ -177,6 +177,24 @@ def summarize(rows: list) -> dict:
     return out
 
 
+def plot(summ: dict, path: str) -> None:
+    """Accepted tokens/s of every run over the mixed set, the per-prompt oracle as a line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(summ["runs"])
+    vals = [summ["runs"][n]["tokens_per_second"] for n in names]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    colors = ["grey" if n == "ar-nsa" else "tab:orange" if n == "adaptive" else "tab:blue" for n in names]
+    ax.barh(names, vals, color=colors)
+    ax.axvline(summ["oracle_per_prompt"]["tokens_per_second"], color="k", ls="--", lw=1, label="per-prompt oracle")
+    ax.invert_yaxis()
+    ax.set_xlabel("accepted tokens/s over the mixed set")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def add_args(p) -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--draft", default="default")
@@ -270,6 +288,10 @@ def cmd_bench_planner(args) -> int:
                      allow_approx=args.precision == "approx", log=log, on_prompt=save)
     save(rows)
     summ = doc["summary"]
+    try:
+        plot(summ, os.path.join(args.out, f"planner-{args.device}.png"))
+    except ImportError:   # matplotlib is the [bench] extra
+        print("matplotlib missing: no plot", file=sys.stderr)
     print(f"{'run':28s} {'tok/s':>8s} {'MAL':>5s} {'== ar':>6s}")
     for n, t in summ["runs"].items():
         print(f"{n:28s} {t['tokens_per_second']:8.1f} {t['mean_accepted_length']:5.2f} {t['identical_to_ar_nsa']:>6s}")
