@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "measured round / step cost; same tokens)")
     sd.add_argument("--profile", metavar="FILE",
                     help="adaptive planning: pick the strategy per context length and observed acceptance from "
-                         "this profile (written by `ssv bench spec`); replaces the tree / C / traversal flags")
+                         "this profile (written by `ssv bench planner` or `ssv bench spec`); replaces the tree / C / traversal flags")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
 

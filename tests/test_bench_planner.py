@@ -107,3 +107,22 @@ def test_adaptive_runs_replayed_from_graphs_equal_eager_runs():
         rows = run_mixed(runner, engine, drafter, docs, mixed_set(docs, ctx), space, prof, 24)
         out.append([(r["run"], r["tokens"], r.get("switches")) for r in rows])
     assert out[0] == out[1]
+
+
+def test_bad_arguments_are_refused_before_any_model_loads(tmp_path):
+    import argparse
+    import json
+
+    from ssv.bench.planner import add_args, cmd_bench_planner
+    p = argparse.ArgumentParser()
+    add_args(p)
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps({"code": ["a"], "prose": ["b"], "chat": ["c"]}))
+    with pytest.raises(ValueError, match="held out"):
+        cmd_bench_planner(p.parse_args(["--prompts", str(prompts), "--profile-docs", "0", "--eval-docs", "0"]))
+    with pytest.raises(ValueError, match="fewer than 4 documents"):
+        cmd_bench_planner(p.parse_args(["--prompts", str(prompts)]))
+    with pytest.raises(FileNotFoundError):
+        cmd_bench_planner(p.parse_args(["--prompts", str(tmp_path / "none.json")]))
+    with pytest.raises(ValueError, match=">= 1"):
+        cmd_bench_planner(p.parse_args(["--prompts", str(prompts), "--repeats", "0"]))
