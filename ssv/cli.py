@@ -148,7 +148,7 @@ def _fallback(args, opts):
 def _spec_setup(args, model):
     """The drafter and the verification options of --mode sd-naive / ssv."""
     from ssv.attention import VerifyOptions
-    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    from ssv.draft import load_drafter
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
@@ -163,12 +163,7 @@ def _spec_setup(args, model):
         verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
                                refresh=VerifyOptions.every(args.refresh_every, model.cfg.n_layers))
     opts = SpecOptions(tree=tree, order=args.traversal, verify=verify)
-    p = next(model.parameters())
-    if args.draft == "default":
-        head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
-    else:
-        head, _ = load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)
-    return Eagle3Drafter(head, model), opts
+    return load_drafter(args.draft, model), opts
 
 
 def _save_routing(path, record, args) -> None:

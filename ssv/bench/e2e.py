@@ -136,12 +136,9 @@ def hf_generate(model, ids: list, new_tokens: int, max_cache: int):
 
 def run_default(args, env: dict, save) -> list:
     from ssv.cli import load_model
-    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    from ssv.draft import load_drafter
     model, tok = load_model(args.model, "cuda")
-    p = next(model.parameters())
-    head = (load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)[0] if args.draft == "default"
-            else load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)[0])
-    drafter = Eagle3Drafter(head, model)
+    drafter = load_drafter(args.draft, model)
     tree = TreeSpec(depth=6, top_k=8, total_tokens=48)
     table = mode_table(model.cfg.n_layers, tree)
     max_len = max(args.contexts) + args.new_tokens + 256      # room for the profiled extra rounds

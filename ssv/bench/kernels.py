@@ -392,12 +392,14 @@ def _commit():
         return None
 
 
-def environment() -> dict:
+def environment(device: str = "cuda") -> dict:
+    """Where a benchmark ran: device, versions, date, commit (the CPU: its core count, no CUDA)."""
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
+    if device != "cuda":
+        return {"device": f"cpu ({os.cpu_count()} cores)", **env}
     import triton
-    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _commit()}
+    return {"device": torch.cuda.get_device_name(0), "triton": triton.__version__, "cuda": torch.version.cuda, **env}
 
 
 def main(argv=None) -> int:

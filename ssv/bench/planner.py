@@ -142,7 +142,7 @@ def summarize(rows: list) -> dict:
         toks[key] = len(r["tokens"]) - 1
         if r["rep"] == rep0:
             first[key] = r
-    runs = sorted({k[0] for k in secs}, key=lambda n: [x["run"] for x in rows].index(n))
+    runs = list(dict.fromkeys(r["run"] for r in rows))   # in the order they first ran
     prompts = sorted({k[1] for k in secs})
     med = {k: statistics.median(v) for k, v in secs.items()}
     fixed = [n for n in runs if n not in ("ar-nsa", "adaptive")]
@@ -216,10 +216,10 @@ def add_args(p) -> None:
 
 def cmd_bench_planner(args) -> int:
     from ssv.bench.e2e import prompt_ids
-    from ssv.bench.kernels import _commit, environment
+    from ssv.bench.kernels import environment
     from ssv.bench.spec import check_families, load_prompts
     from ssv.cli import load_model
-    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    from ssv.draft import load_drafter
     from ssv.engine.device_round import DeviceEngine
     from ssv.engine.runner import Runner
 
@@ -235,10 +235,7 @@ def cmd_bench_planner(args) -> int:
     if short:
         raise ValueError(f"--prompts has fewer than {need} documents for {short} (scripts/make_e2e_prompts.py --docs {need})")
     model, tok = load_model(args.model, args.device)
-    p = next(model.parameters())
-    head = (load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)[0] if args.draft == "default"
-            else load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)[0])
-    drafter = Eagle3Drafter(head, model)
+    drafter = load_drafter(args.draft, model)
     space = strategy_space(args.precision == "approx")
     max_len = max(args.contexts) + args.new_tokens + max(s.tree.total_tokens for s in space) + 16
     runner = Runner(model, attention="nsa", max_len=max_len)
@@ -247,12 +244,7 @@ def cmd_bench_planner(args) -> int:
     def docs_of(idx):
         return {f: [{L: prompt_ids(tok, f, texts[f][i], L) for L in args.contexts} for i in idx] for f in fams}
     prof_docs, eval_docs = docs_of(args.profile_docs), docs_of(args.eval_docs)
-    if args.device == "cuda":
-        env = environment()
-    else:
-        import datetime
-        env = {"device": f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__, "commit": _commit(),
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    env = environment(args.device)
     # warm-up: every strategy's graphs captured and kernels compiled before anything is timed
     warm = prof_docs[fams[0]][0][min(args.contexts)]
     run_one(runner, engine, drafter, warm, 16)

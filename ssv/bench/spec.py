@@ -271,9 +271,9 @@ def _tree_arg(text: str) -> TreeSpec:
 
 
 def cmd_bench_spec(args) -> int:
-    from ssv.bench.kernels import _commit, environment
+    from ssv.bench.kernels import environment
     from ssv.cli import load_model
-    from ssv.draft import Eagle3Drafter, load_default_head, load_eagle3
+    from ssv.draft import load_drafter
 
     temps = [SamplingParams(temperature=t).temperature for t in args.temperatures]  # bad input fails first
     if args.repeats < 1:
@@ -283,24 +283,12 @@ def cmd_bench_spec(args) -> int:
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
     extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
     model, tok = load_model(args.model, args.device)
-    p = next(model.parameters())
-    if args.draft == "default":
-        head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
-    else:
-        head, _ = load_eagle3(args.draft, device=p.device, dtype=p.dtype, target=model.cfg)
-    drafter = Eagle3Drafter(head, model)
+    drafter = load_drafter(args.draft, model)
     if texts is None:
         docs = {"code": eval_documents(tok, max(args.contexts), args.docs)}
     else:
         docs = family_documents(tok, texts, families, args.contexts, args.docs)
-    if args.device == "cuda":
-        env = environment()
-    else:
-        import datetime
-        import platform
-        env = {"device": f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__, "python": platform.python_version(),
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "commit": _commit()}
+    env = environment(args.device)
     os.makedirs(args.out, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "func"}
 

@@ -31,6 +31,7 @@ __all__ = [
     "head_size_bytes",
     "join_prefill_taps",
     "load_default_head",
+    "load_drafter",
     "load_eagle3",
     "read_config",
     "save_eagle3",
@@ -53,3 +54,14 @@ def load_default_head(device="cpu", dtype=None, target_cfg=None):
             f"`scripts/train_draft_gpu.sh` (or `ssv train-draft --run-dir runs/draft --export {path}`), "
             f"or pass the folder of a trained head explicitly.")
     return load_eagle3(path, device=device, dtype=dtype or torch.float32, target=target_cfg)
+
+
+def load_drafter(spec: str, model) -> Eagle3Drafter:
+    """The drafter of a target `model`: `spec` 'default' (the shipped head) or a head's folder, loaded
+    on the model's device and in its dtype, checked against its config."""
+    p = next(model.parameters())
+    if spec == "default":
+        head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
+    else:
+        head, _ = load_eagle3(spec, device=p.device, dtype=p.dtype, target=model.cfg)
+    return Eagle3Drafter(head, model)
