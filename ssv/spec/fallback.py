@@ -15,7 +15,11 @@ speculation. Strict rounds and AR steps emit the same tokens, so switching never
 the drafter is kept in step by committing the AR steps' rows before the next round. Committing
 them in batches also tells, for free, how often the head's drafts named the next token, which
 estimates a round's accepted length (`expected_length`): a burst ends early when a round would
-pay, and is extended without a probe round when it would not.
+pay, and is extended without a probe round when it would not. A burst whose rows say a round pays
+also clears the failure that started it: the next rounds start from S = 0 and a later burst from
+`min_ar` (the H200's prose 4K prompt, at 41c211a, had bursts doubled to 64 steps and probes begun
+half-way to the threshold right after its agreement estimated 3.1 and 2.8 tokens a round against a
+break-even of 1.75, and ran 0.95x AR with the text at MAL 2.08).
 """
 from __future__ import annotations
 
@@ -27,16 +31,20 @@ from dataclasses import dataclass
 @dataclass
 class ArFallback:
     # tokens a run of rounds may fall short of the break-even before a burst (the CUSUM's threshold;
-    # 0: a burst after any round below the break-even). Chosen by simulation (scripts/sim_fallback.py,
-    # bench/NOTES.md "Session 15"), measured once on the H200 (e2e-cuda-cusum-bd51d76.json)
-    slack: float = 4.0
-    min_ar: int = 32             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
+    # 0: a burst after any round below the break-even), the first burst's length and the pairs an
+    # agreement needs: chosen by simulation with the agreement and the prime modelled, on texts of one
+    # acceptance rate and on texts alternating between two (scripts/sim_fallback.py, bench/NOTES.md
+    # "Session 17": slack 4 with 32-step bursts lost 3-4% on texts that pay at MAL 2.0-2.4 and 8% on
+    # alternating ones; 6 / 16 / 15 lose <= 1.2% and <= 4.5%, for 1-2% more on texts that never pay)
+    slack: float = 6.0
+    min_ar: int = 16             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
     prior_break_even: float = 1.8  # round / AR-step cost ratio until both are timed (H200 4K, 48 nodes: 1.82)
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
-    min_pairs: int = 16          # caught-up rows an agreement rate needs before it can end a burst
+    min_pairs: int = 15          # caught-up rows an agreement rate needs (a first burst's 16 rows give 15)
     prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
     prime_scale: float = 1.25    # the prompt's estimate times this is compared with the break-even
+    trust_agreement: bool = True  # a burst's agreement that says rounds pay also clears its failure
 
     def __post_init__(self):
         if (not self.slack >= 0 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
@@ -74,6 +82,12 @@ class ArFallback:
     def _probe(self) -> None:
         self._seen = [0, 0]
         self._deficit = self.slack / 2
+
+    def _cleared(self) -> None:
+        """The burst's own rows say a round pays: the next rounds are judged from S = 0 with the
+        first burst's length, not as a failed probe's (the doubled backoff, S = slack / 2)."""
+        self._deficit = 0.0
+        self.backoff = self.min_ar
 
     def _time(self, kind: str, seconds: float, into: deque) -> None:
         if self._first[kind]:
@@ -113,6 +127,8 @@ class ArFallback:
             return
         if self.expected_length(*agreement, depth) < self.break_even():
             self._burst(self.rounds, None, self.break_even())
+        elif self.trust_agreement:
+            self._cleared()
 
     def prime(self, top1: int, topk: int, pairs: int, depth: int) -> None:
         """Before the first round, the head's agreement with the prompt's own last rows (the
@@ -149,6 +165,8 @@ class ArFallback:
             self.ar_left = 0
             self.backoff = self.min_ar
             self._probe()
+            if self.trust_agreement:
+                self._cleared()
 
     def summary(self) -> dict:
         """`observed_length` of a burst: the mean of the rounds since the previous burst (or the start),

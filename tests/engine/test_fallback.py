@@ -226,8 +226,9 @@ def test_engine_agreement_counts_hits_of_known_predictions(monkeypatch):
     assert topk == sum(1 for i in range(12) if i % 3 == 1 or i % 2 == 0)
 
 
-def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
-    f = ArFallback(slack=0, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4)
+@pytest.mark.parametrize("trust", [True, False])
+def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run(trust):
+    f = ArFallback(slack=0, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4, trust_agreement=trust)
     f.observe_spec(1, 1.0)
     for _ in range(2):
         f.observe_ar(0.5)
@@ -236,14 +237,35 @@ def test_policy_burst_end_extends_without_a_probe_or_lets_the_round_run():
     assert not f.check_due and f.ar_left == 4 and [b[1] for b in f.bursts] == [2, 4]
     for _ in range(4):
         f.observe_ar(0.5)
-    f.burst_end((9, 10, 10), depth=6)              # good drafts: the next round runs as a probe
+    f.burst_end((9, 10, 10), depth=6)              # good drafts: the next round runs
     assert not f.use_ar() and len(f.bursts) == 2
-    f.observe_spec(1, 1.0)                         # the probe fails after all: a burst of 8
-    assert f.ar_left == 8
-    for _ in range(8):
+    # trusted, the drafts clear the failure (the first burst's length, S = 0); else the round is a
+    # failed probe's successor (the doubled burst)
+    assert f.backoff == (2 if trust else 8)
+    f.observe_spec(1, 1.0)                         # the round falls short after all
+    assert f.ar_left == (2 if trust else 8)
+    for _ in range(f.ar_left):
         f.observe_ar(0.5)
     f.burst_end(None, depth=6)                     # no evidence (host rounds): the probe decides
     assert not f.use_ar() and not f.check_due
+
+
+def test_policy_trusted_agreement_judges_the_next_rounds_from_zero():
+    """After a burst whose rows say rounds pay, a shortfall of up to `slack` tokens runs no burst;
+    untrusted, the rounds start from slack / 2 as a probe's."""
+    for trust, bursts_after in ((True, 3), (False, 2)):
+        f = ArFallback(slack=2, min_ar=4, max_ar=16, prior_break_even=2.0, min_pairs=4, trust_agreement=trust)
+        for _ in range(3):
+            f.observe_spec(1, 1.0)                 # S = 1, 2, 3 > 2: a burst
+        assert f.ar_left == 4
+        for _ in range(4):
+            f.observe_ar(0.5)
+        f.burst_end((9, 10, 10), depth=6)
+        n = 0
+        while not f.use_ar():
+            f.observe_spec(1, 1.0)                 # one token short each (the break-even is 2)
+            n += 1
+        assert n == bursts_after
 
 
 def test_policy_prime_starts_with_a_burst_only_when_the_prompt_would_not_pay():
