@@ -67,14 +67,19 @@ def prompt_ids(tok, family: str, text: str, context: int) -> list:
 
 
 def profile_rounds(engine: DeviceEngine, opts, rounds: int = 12) -> dict:
-    """Kernel launches per round and the kernel-busy fraction of `rounds` more rounds (graph replays)."""
+    """Kernel launches per round and the kernel-busy fraction of `rounds` more rounds (graph replays),
+    overlapped as the generation loops run them (round r + 1 launched before round r is read)."""
     from torch.profiler import ProfilerActivity, profile
-    step = (lambda: engine.ar_step()) if opts is None else (lambda: engine.spec_round(opts))
+    launch = (lambda: engine.launch_ar()) if opts is None else (lambda: engine.launch_spec(opts))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        for _ in range(rounds):
-            step()
+        flight = launch()
+        for _ in range(rounds - 1):
+            nxt = launch()
+            engine.finish(flight)
+            flight = nxt
+        engine.finish(flight)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     kern = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()

@@ -70,7 +70,11 @@ class DeviceEngine:
         self._pool = None
         self.timing = False            # record per-phase CUDA event times (phase -> [ms, ...])
         self.phase_ms: dict = {}
-        self._pending: list = []       # this round's (phase, start event, end event)
+        # each launched step's record is copied into one of two host slots behind its graphs, so the
+        # host can read step r while step r + 1 runs (`launch_*`, `finish`); pinned on CUDA
+        pin = dev.type == "cuda"
+        self._rec = [torch.zeros(64, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._slot = 0
 
     # ------------------------------------------------------------------ bodies (captured as graphs)
     def _plan(self, key, n: int, opts=None):
@@ -165,12 +169,7 @@ class DeviceEngine:
         if ev:
             ev.append(torch.cuda.Event(enable_timing=True))
             ev[-1].record()
-            self._pending = [(key[0], a, b) for (key, _), a, b in zip(phases, ev, ev[1:])]
-
-    def _collect_times(self) -> None:
-        for name, a, b in self._pending:   # after the round's read: the events are done
-            self.phase_ms.setdefault(name, []).append(a.elapsed_time(b))
-        self._pending = []
+        return [(key[0], a, b) for (key, _), a, b in zip(phases, ev, ev[1:])]
 
     def _capture(self, phases) -> None:
         # warm up (compiles, occupancy lookups, allocator) on a copy of the round's state, restored
@@ -236,12 +235,29 @@ class DeviceEngine:
         self.tok.fill_(int(token))
         self.gen.manual_seed(int(seed))
 
+    # ------------------------------------------------------------------ steps: launch, then finish
+    # A step is launched (graphs replayed, its record copied to a host slot behind them) and finished
+    # later (the copy waited for, the host's lengths advanced): a loop that launches step r + 1 before
+    # it finishes step r keeps the GPU busy while the host reads, checks stops and decides (SGLang's
+    # overlap scheduling). The device state never waits for the host: every input of a step (root
+    # token, lengths, drafter rows) is on the device. At most one step may be in flight unfinished.
+    def _record(self, phases, m: int, kind: str) -> dict:
+        slot = self._rec[self._slot]
+        self._slot ^= 1
+        times = self._run(phases)
+        slot[:m].copy_(self.out[:m], non_blocking=True)
+        done = None
+        if slot.is_pinned():
+            done = torch.cuda.Event()
+            done.record()
+        return {"slot": slot, "m": m, "done": done, "kind": kind, "times": times}
+
     @torch.no_grad()
-    def ar_step(self, params=None, keep_taps: bool = False, top_k: int = 8) -> list:
-        """One AR step (greedy, or sampled with `params`); returns the emitted token (the round's one
-        device-to-host read). keep_taps: the step also keeps the drafter's row (a fall-back from
-        speculation: `catch_up` commits the rows before the next round); top_k: the tree's branching,
-        for the catch-up's agreement count (fixed when the ring is made)."""
+    def launch_ar(self, params=None, keep_taps: bool = False, top_k: int = 8) -> dict:
+        """Launch one AR step (greedy, or sampled with `params`); `finish` gives its token. keep_taps:
+        the step also keeps the drafter's row (a fall-back from speculation: `catch_up` commits the
+        rows before the next round); top_k: the tree's branching, for the catch-up's agreement count
+        (fixed when the ring is made)."""
         if keep_taps:
             if self.drafter is None:
                 raise ValueError("keep_taps needs a drafter")
@@ -251,30 +267,16 @@ class DeviceEngine:
                 self.catch_up()
         if _pkey(params) is not None:
             torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
-        self._run([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))])
+        t = self._record([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))], 2, "ar")
         if keep_taps:
-            self.ring.pending += 1
-        tok = int(self.out[1])
-        self._collect_times()
-        self.runner.cache.advance_host(1)
-        return [tok]
+            self.ring.pending += 1     # counted at launch: the next launch's `full` must see this row
+            t["ring"] = True
+        return t
 
     @torch.no_grad()
-    def catch_up(self) -> None:
-        """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
-        if self.ring is None or not self.ring.pending:
-            return
-        self._run([(("catch-up",), self.ring.commit_body)])
-        self.ring.committed()
-
-    def take_agreement(self):
-        """The head's depth-1 hits over the rows caught up since the last call (`RowRing`), or None."""
-        return None if self.ring is None else self.ring.take_agreement()
-
-    @torch.no_grad()
-    def spec_round(self, opts, params=None) -> list:
-        """One speculative round: draft, verify, accept (greedy, or lossless sampling with `params`),
-        commit; returns the emitted tokens."""
+    def launch_spec(self, opts, params=None) -> dict:
+        """Launch one speculative round: draft, verify, accept (greedy, or lossless sampling with
+        `params`), commit; `finish` gives the emitted tokens."""
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
@@ -287,10 +289,49 @@ class DeviceEngine:
             if "coins" not in io:
                 io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
             torch.rand((T, k + 1), generator=self.gen, device=self.coin.device, out=io["coins"])
-        self._run(phases)
-        rec = self.out[: opts.tree.depth + 2].tolist()
-        self._collect_times()
+        return self._record(phases, opts.tree.depth + 2, "spec")
+
+    def finish(self, t: dict) -> list:
+        """Wait for a launched step's record (its one device-to-host read); the host's lengths follow.
+        Returns the emitted tokens."""
+        if t["done"] is not None:
+            t["done"].synchronize()
+        rec = t["slot"][: t["m"]].tolist()
+        for name, a, b in t["times"]:   # the step is done: so are its events
+            self.phase_ms.setdefault(name, []).append(a.elapsed_time(b))
         n = rec[0]
         self.runner.cache.advance_host(n)
-        self.drafter.advance_host(n)
+        if t["kind"] == "spec":
+            self.drafter.advance_host(n)
         return rec[1:1 + n]
+
+    def discard(self, t: dict) -> None:
+        """Undo a launched step that is not wanted (a stop was found in the step before it): the
+        device's lengths go back to the host's, its drafter row leaves the ring. Its writes past
+        those lengths are dead; the drafter's next-root state is not restored, so a discard ends a
+        generation (the next one starts with `start`)."""
+        self.runner.cache.sync_device()
+        if self.drafter is not None and hasattr(self.drafter, "dlen"):
+            self.drafter.dlen.fill_(self.drafter.length)
+        if t.get("ring"):
+            self.ring.pending -= 1
+            self.ring.cnt.fill_(self.ring.pending)
+
+    def ar_step(self, params=None, keep_taps: bool = False, top_k: int = 8) -> list:
+        """`launch_ar` and `finish`: one AR step, its token."""
+        return self.finish(self.launch_ar(params, keep_taps, top_k))
+
+    def spec_round(self, opts, params=None) -> list:
+        """`launch_spec` and `finish`: one speculative round, its emitted tokens."""
+        return self.finish(self.launch_spec(opts, params))
+
+    def catch_up(self) -> None:
+        """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
+        if self.ring is None or not self.ring.pending:
+            return
+        self._run([(("catch-up",), self.ring.commit_body)])
+        self.ring.committed()
+
+    def take_agreement(self):
+        """The head's depth-1 hits over the rows caught up since the last call (`RowRing`), or None."""
+        return None if self.ring is None else self.ring.take_agreement()

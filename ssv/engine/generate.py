@@ -82,10 +82,10 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
         if runner.length + 1 > runner.context_limit - 1:
             stop = "context"
             break
-        rounds += 1
         if fast:
-            out.extend(engine.ar_step(params))
-            continue
+            rounds, stop = _ar_device_steps(engine, runner, out, params, max_new_tokens, stop_ids)
+            break
+        rounds += 1
         meta = StepMeta.chain(runner.length, 1)
         logits, _ = runner.forward(torch.tensor([out[-1]]), meta)
         runner.cache.commit(1)
@@ -100,6 +100,29 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
     if margins:
         stats["top2_margins"] = gaps
     return GenResult(out, stats)
+
+
+def _ar_device_steps(engine, runner: Runner, out: list, params, max_new_tokens: int, stop_ids) -> tuple:
+    """The device AR steps of `generate_ar`, each launched before the one in flight is finished (the
+    host's read and checks overlap the next step); a step launched past an end-of-sequence token is
+    discarded. Returns (steps, stop reason)."""
+    steps, flight = 0, None
+    while True:
+        ahead = int(flight is not None)   # tokens the step in flight will add
+        if len(out) + ahead < max_new_tokens and runner.length + ahead + 1 <= runner.context_limit - 1:
+            nxt = engine.launch_ar(params)
+        elif flight is None:
+            return steps, ("length" if len(out) >= max_new_tokens else "context")
+        else:
+            nxt = None
+        if flight is not None:
+            out.extend(engine.finish(flight))
+            steps += 1
+            if out[-1] in stop_ids:
+                if nxt is not None:
+                    engine.discard(nxt)
+                return steps, "eos"
+        flight = nxt
 
 
 @torch.no_grad()

@@ -117,69 +117,80 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         fallback.prime(*drafter.agreement, opts.tree.depth)
     _sync(runner.device)
     t1 = time.perf_counter()
-    out, rounds, stop = [root], 0, "length"
-    ar_steps, held = 0, []   # fall-back AR steps; the host rows they owe the drafter
+    out, stop = [root], "length"
+    n = {"rounds": 0, "ar": 0}
+    held = []   # the host fall-back's AR rows owed to the drafter
     depth_hits = [0] * ((opts.tree.depth if opts is not None else 0) + 1)
-    while True:
-        if root in stop_ids:
-            stop = "eos"
-            break
+
+    def settle(kind: str, new: list, dt: float, o: SpecOptions):
+        """A finished step's tokens into `out` and the policies; "eos" when it ended the text."""
+        if kind == "ar":
+            fallback.observe_ar(dt)
+            agree = engine.take_agreement() if fast else None
+            if agree is not None:
+                fallback.observe_agreement(*agree, o.tree.depth)
+            n["ar"] += 1
+            out.append(new[0])
+        else:
+            n["rounds"] += 1
+            if round_seconds is not None:
+                round_seconds.append(dt)
+            if fallback is not None:
+                fallback.observe_spec(len(new), dt)
+            if planner is not None:
+                planner.observe(len(new))
+            # the spec's depth, or more: a drafter may exceed it
+            depth_hits.extend([0] * (max(len(new), o.tree.depth + 1) - len(depth_hits)))
+            for d in range(1, len(new)):
+                depth_hits[d] += 1
+            for t in new:
+                out.append(t)
+                if t in stop_ids or len(out) >= max_new_tokens:
+                    break
+        return "eos" if out[-1] in stop_ids else None
+
+    def decide(o: SpecOptions) -> bool:
+        """Whether the next step is an AR step of the fall-back (a burst's end judged first)."""
+        if fallback is None:
+            return False
+        if fallback.check_due:   # a burst ended: extend it on the drafts' evidence?
+            if fast:
+                engine.catch_up()
+            fallback.burst_end(engine.take_agreement() if fast else None, o.tree.depth)
+        return fallback.use_ar()
+
+    if root in stop_ids:
+        stop = "eos"
+    elif fast:
+        stop = _device_steps(engine, runner, opts, planner, params, out, max_new_tokens, decide, settle)
+    while stop == "length" and not fast:
         if len(out) >= max_new_tokens:
             break
         if planner is not None:
             opts = planner.choose(runner.length)
-            depth_hits += [0] * (opts.tree.depth + 1 - len(depth_hits))
         if runner.length + opts.tree.depth + 2 > runner.context_limit:
             stop = "context"
             break
-        if fallback is not None and fallback.check_due:   # a burst ended: extend it on the drafts' evidence?
-            if fast:
-                engine.catch_up()
-            fallback.burst_end(engine.take_agreement() if fast else None, opts.tree.depth)
+        ar = decide(opts)
         t_round = time.perf_counter()
-        if fallback is not None and fallback.use_ar():
-            new = (engine.ar_step(params, keep_taps=True, top_k=opts.tree.top_k) if fast
-                   else _ar_keep(runner, drafter, root, params, gen, held))
-            fallback.observe_ar(time.perf_counter() - t_round)
-            agree = engine.take_agreement() if fast else None
-            if agree is not None:
-                fallback.observe_agreement(*agree, opts.tree.depth)
-            ar_steps += 1
-            out.append(new[0])
-            root = out[-1]
-            continue
-        if held:
-            root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
-                                       torch.tensor([h[1] for h in held]))
-            held.clear()
-        if fast:
-            new = engine.spec_round(opts, params)
+        if ar:
+            new = _ar_keep(runner, drafter, out[-1], params, gen, held)
         else:
-            tree, _ = draft(drafter, root, root_logp, opts)
+            if held:
+                root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
+                                           torch.tensor([h[1] for h in held]))
+                held.clear()
+            tree, _ = draft(drafter, out[-1], root_logp, opts)
             logits, taps = verify(runner, tree, opts, taps=drafter.taps)
             res = accept(tree, logits, params, gen)
             root_logp = commit(runner, drafter, res, taps)
             new = res.tokens + [res.bonus]
-        rounds += 1
-        dt = time.perf_counter() - t_round
-        if round_seconds is not None:
-            round_seconds.append(dt)
-        if fallback is not None:
-            fallback.observe_spec(len(new), dt)
-        if planner is not None:
-            planner.observe(len(new))
-        depth_hits += [0] * (len(new) - len(depth_hits))  # a drafter may exceed the spec's depth
-        for d in range(1, len(new)):
-            depth_hits[d] += 1
-        for t in new:
-            out.append(t)
-            if t in stop_ids or len(out) >= max_new_tokens:
-                break
-        root = out[-1]
+        stop = settle("ar" if ar else "spec", new, time.perf_counter() - t_round, opts) or stop
     _sync(runner.device)
     t2 = time.perf_counter()
     dec = t2 - t1
     emitted = len(out) - 1
+    rounds, ar_steps = n["rounds"], n["ar"]
     spec_tokens = emitted - ar_steps
     stats = {"prompt_tokens": len(prompt_ids), "new_tokens": len(out), "prefill_seconds": t1 - t0,
              "decode_seconds": dec, "rounds": rounds, "ar_steps": ar_steps,
@@ -195,3 +206,38 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         stats.update(tree="adaptive", traversal="adaptive", group_size="adaptive",
                      precision="approx" if planner.used_approx else "strict", planner=planner.summary())
     return GenResult(out, stats)
+
+
+def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_new_tokens: int, decide, settle) -> str:
+    """`generate_spec`'s steps on the device engine, each launched before the one in flight is
+    finished (the host's read, stop checks and policies overlap the next step; the policies see
+    each step one step late). A step is launched only when the text surely needs it, unless the
+    step in flight ends it with a stop token: then it is discarded. Returns the stop reason."""
+    flight, t_mark = None, 0.0
+    while True:
+        if planner is not None:
+            opts = planner.choose(runner.length)
+        ahead = flight["most"] if flight is not None else 0   # tokens the step in flight may add
+        nxt = None
+        if len(out) + ahead < max_new_tokens and runner.length + ahead + opts.tree.depth + 2 <= runner.context_limit:
+            if flight is None:
+                t_mark = time.perf_counter()
+            if decide(opts):
+                nxt = engine.launch_ar(params, keep_taps=True, top_k=opts.tree.top_k)
+                nxt["most"] = 1
+            else:
+                nxt = engine.launch_spec(opts, params)
+                nxt["most"] = opts.tree.depth + 1
+            nxt["opts"] = opts
+        elif flight is None:
+            return "length" if len(out) >= max_new_tokens else "context"
+        if flight is not None:
+            new = engine.finish(flight)
+            now = time.perf_counter()
+            reason = settle(flight["kind"], new, now - t_mark, flight["opts"])
+            t_mark = now
+            if reason is not None:
+                if nxt is not None:
+                    engine.discard(nxt)
+                return reason
+        flight = nxt
