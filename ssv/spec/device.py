@@ -101,38 +101,43 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     D, k, T = spec.depth, spec.top_k, spec.total_tokens
     dev = root_logp.device
     M = spec.max_nodes
-    tok = torch.zeros(M, dtype=torch.long, device=dev)
-    par = torch.full((M,), -1, dtype=torch.long, device=dev)
-    score = torch.zeros(M, dtype=torch.float64, device=dev)
-    tok[0] = root_token
     if T == 1:
-        return _kept(tok, par, score, T)
+        tok = torch.zeros(M, dtype=torch.long, device=dev)
+        tok[0] = root_token
+        return _kept(tok, torch.full((M,), -1, dtype=torch.long, device=dev),
+                     torch.zeros(M, dtype=torch.float64, device=dev), T)
+    # every pool entry is written by its level: the root and level 1, then k * k a level
+    tok = torch.empty(M, dtype=torch.long, device=dev)
+    par = torch.empty(M, dtype=torch.long, device=dev)
+    score = torch.empty(M, dtype=torch.float64, device=dev)
+    # the frontier (pool ids, tokens, parents' scratch rows, ancestors' rows) a level reads and the
+    # one it writes, alternating
+    fr = [(torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, dtype=torch.long, device=dev),
+           torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, D, dtype=torch.long, device=dev))
+          for _ in range(2)]
+    level = _tree_level(root_logp, k)
     # level 1: the root's children, proposed lowest token id first on equal log-probs
     v1, t1 = _vocab_top(root_logp.reshape(1, -1), k, ids, clamp=True)
-    # no Python scalars assigned into device tensors: that is a host copy, which a graph cannot hold
-    tok[1:1 + k], score[1:1 + k] = t1[0], v1[0]
-    par[1:1 + k].zero_()
-    front = torch.arange(1, 1 + k, device=dev)                  # pool ids, by descending score
-    f_rows = torch.full((k, D), -1, dtype=torch.long, device=dev)  # ancestors' rows of each frontier node
-    f_parent = torch.full((k,), -1, dtype=torch.long, device=dev)
-    all_rows = torch.arange(max(1, (D - 1) * k), device=dev)
+    level(v1, t1, 1, 1, root_token.reshape(1), None, None, tok, par, score, *fr[0])
     base = 1 + k
-    # level t's candidates are the pool's contiguous range [base, base + k * k): slices, not scatters
+    # level t's candidates are the pool's contiguous range [base, base + k * k)
     for t in range(2, D + 1):
-        rows = all_rows[(t - 2) * k:(t - 1) * k]
-        f_rows[:, t - 2] = rows
-        vals, toks = _vocab_top(expand(t, tok[front], f_parent, f_rows), k, ids, clamp=True)   # [k, k] of [k, V]
-        kk = slice(base, base + k * k)
-        tok[kk] = toks.reshape(-1)
-        par[kk].view(k, k).copy_(front[:, None].expand(k, k))
-        cs = torch.add(score[front][:, None], vals, out=score[kk].view(k, k)).view(-1)
-        _, best = _stable_top(cs, k)                              # next frontier, ties: creation order
-        front = best + base
-        src = best // k
-        f_parent = rows[src]
-        f_rows = f_rows[src]
+        front, f_tok, f_parent, f_rows = fr[t % 2]
+        vals, toks = _vocab_top(expand(t, f_tok, f_parent, f_rows), k, ids, clamp=True)   # [k, k] of [k, V]
+        level(vals, toks, t, base, None, front, f_rows, tok, par, score, *fr[(t + 1) % 2])
         base += k * k
     return _kept(tok, par, score, T, k)
+
+
+def _tree_level(x: torch.Tensor, k: int):
+    """A level's pool writes and next frontier: on CUDA one launch (ssv/ops/tree) for up to 256
+    candidates, else the tensor form."""
+    if x.is_cuda:
+        from ssv.ops.tree.ops import MAX_CANDIDATES, tree_level   # lazily, as the top-k
+        if k * k <= MAX_CANDIDATES:
+            return tree_level
+    from ssv.ops.tree.naive import tree_level_naive
+    return tree_level_naive
 
 
 def _kept(tok, par, score, T: int, k: int = 1) -> DeviceTree:

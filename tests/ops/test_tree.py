@@ -1,0 +1,85 @@
+"""One draft-tree level in one launch against its tensor twin (interpreter on the CPU, compiled on a
+GPU), and grow_tree through it against build_tree."""
+import pytest
+import torch
+
+import ssv.spec.device as SD
+from ssv.ops.tree.naive import tree_level_naive
+from ssv.ops.tree.ops import tree_level
+from ssv.spec.tree import TreeSpec
+
+from ..spec.test_device import _grow_both
+from .test_nsa_kernels import DEV
+
+
+def _buffers(M, K, D, dev):
+    """Pool and frontier outputs poisoned: every entry a level owns must be written."""
+    return (torch.full((M,), -777, dtype=torch.long, device=dev), torch.full((M,), -777, dtype=torch.long, device=dev),
+            torch.full((M,), float("nan"), dtype=torch.float64, device=dev),
+            [torch.full((K,), -777, dtype=torch.long, device=dev) for _ in range(3)]
+            + [torch.full((K, D), -777, dtype=torch.long, device=dev)])
+
+
+@pytest.mark.parametrize("K,D", [(2, 1), (3, 4), (5, 3), (8, 6), (16, 2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_levels_match_the_tensor_form(K, D, seed):
+    g = torch.Generator().manual_seed(seed * 100 + K)
+    M = 1 + K + (D - 1) * K * K
+    pools = [_buffers(M, K, D, DEV) for _ in range(2)]
+    fronts = [None, None]
+    root = torch.tensor([11], device=DEV)
+    base = 1
+    for t in range(1, D + 1):
+        R = 1 if t == 1 else K
+        vals = -(torch.randint(0, 3, (R, K), generator=g).double() * 0.5)      # ties across parents
+        vals[torch.rand(R, K, generator=g) < 0.15] = float("-inf")
+        vals = vals.sort(dim=-1, descending=True, stable=True).values.to(DEV)       # a top-k's order
+        toks = torch.randint(0, 50, (R, K), generator=g).to(DEV)
+        for i, (fn, (tok, par, score, outs)) in enumerate(zip((tree_level, tree_level_naive), pools)):
+            nxt = [torch.full_like(o, -777) for o in outs]
+            prev = fronts[i]
+            fn(vals, toks, t, base, root, None if t == 1 else prev[0], None if t == 1 else prev[3],
+               tok, par, score, *nxt)
+            fronts[i] = nxt
+        for a, b in zip(pools[0][:3], pools[1][:3]):
+            assert torch.equal(a[:base + R * K], b[:base + R * K])
+        assert not pools[0][2][:base + R * K].isnan().any() and (pools[0][0][:base + R * K] != -777).all()
+        for a, b in zip(*fronts):
+            assert torch.equal(a, b) and (a != -777).all()
+        base += R * K
+
+
+def test_tree_level_ranks_nan_first_as_a_stable_sort():
+    K, D = 4, 3
+    outs = []
+    for fn in (tree_level, tree_level_naive):
+        tok, par, score, nxt = _buffers(1 + K + K * K, K, D, DEV)
+        vals = torch.tensor([[float("nan"), -0.5, -0.5, float("-inf")]], dtype=torch.float64, device=DEV)
+        fn(vals, torch.arange(K, device=DEV)[None], 1, 1, torch.tensor([3], device=DEV), None, None, tok, par, score, *nxt)
+        outs.append(nxt)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert outs[0][0].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("spec", [TreeSpec(3, 2, 7), TreeSpec(4, 3, 12), TreeSpec(6, 8, 48), TreeSpec(2, 16, 20)])
+def test_grow_tree_through_the_kernel_matches_build_tree(spec, monkeypatch):
+    monkeypatch.setattr(SD, "_tree_level", lambda x, k: tree_level)
+    host, dev = _grow_both(spec, 40, 1)
+    for a, b in ((dev.tokens, host.tokens), (dev.parents, host.parents), (dev.scores, host.scores),
+                 (dev.depth, host.depth)):
+        assert torch.equal(a, b)
+
+
+def test_tree_level_refuses_what_one_program_cannot_hold():
+    K, D = 17, 2
+    tok, par, score, nxt = _buffers(1 + K + K * K, K, D, DEV)
+    v = torch.zeros(K, K, dtype=torch.float64, device=DEV)
+    with pytest.raises(ValueError, match="candidates"):
+        tree_level(v, v.long(), 2, 1 + K, None, nxt[0], nxt[3], tok, par, score, *nxt[:3],
+                   torch.empty(K, D, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="apart"):
+        tree_level(v[:4, :4], v[:4, :4].long(), 2, 5, None, nxt[0], nxt[3], tok, par, score, *nxt)
+    with pytest.raises(ValueError, match="float64"):
+        tree_level(v[:1, :4].float(), v[:1, :4].long(), 1, 1, nxt[0][:1], None, None, tok, par, score,
+                   nxt[0][:4], nxt[1][:4], nxt[2][:4], torch.empty(4, D, dtype=torch.long, device=DEV))
