@@ -64,8 +64,8 @@ def test_tree_level_ranks_nan_first_as_a_stable_sort():
 
 @pytest.mark.parametrize("spec", [TreeSpec(3, 2, 7), TreeSpec(4, 3, 12), TreeSpec(6, 8, 48), TreeSpec(2, 16, 20)])
 def test_grow_tree_through_the_kernel_matches_build_tree(spec, monkeypatch):
-    monkeypatch.setattr(SD, "_tree_level", lambda x, k: tree_level)
-    host, dev = _grow_both(spec, 40, 1)
+    monkeypatch.setattr(SD, "_tree_level", lambda x, k: tree_level)   # the kernel on the CPU too (interpreter)
+    host, dev = _grow_both(spec, 40, 1, device=DEV)
     for a, b in ((dev.tokens, host.tokens), (dev.parents, host.parents), (dev.scores, host.scores),
                  (dev.depth, host.depth)):
         assert torch.equal(a, b)

@@ -17,23 +17,24 @@ def _table(spec, vocab, seed, levels=4):
     return -torch.randint(0, levels, (spec.depth + 1, vocab, vocab), generator=g).double() * 0.5
 
 
-def _grow_both(spec, vocab, seed, ids=None):
+def _grow_both(spec, vocab, seed, ids=None, device="cpu"):
     tab = _table(spec, vocab, seed)
     root = 5
+    dtab = tab.to(device)
 
     def host_expand(frontier, tree):
         return torch.stack([tab[int(tree.depth[u]), int(tree.tokens[u])] for u in frontier])
 
     def dev_expand(level, tokens, parent_rows, path_rows):
         assert path_rows.shape == (spec.top_k, spec.depth)
-        assert bool((path_rows[:, level - 2] == (level - 2) * spec.top_k + torch.arange(spec.top_k)).all())
-        lp = tab[level - 1][tokens]
+        assert bool((path_rows[:, level - 2].cpu() == (level - 2) * spec.top_k + torch.arange(spec.top_k)).all())
+        lp = dtab[level - 1][tokens]
         return lp if ids is None else lp[:, ids]
 
     host = build_tree(host_expand, root, spec.depth, spec.top_k, spec.total_tokens)
-    root_lp = tab[0, root] if ids is None else tab[0, root][ids]
-    dev = grow_tree(dev_expand, torch.tensor(root), root_lp, spec, ids=ids)
-    return host, dev
+    root_lp = dtab[0, root] if ids is None else dtab[0, root][ids]
+    dev = grow_tree(dev_expand, torch.tensor(root, device=device), root_lp, spec, ids=ids)
+    return host, DeviceTree(*(t.cpu() for t in (dev.tokens, dev.parents, dev.scores, dev.depth)))
 
 
 @pytest.mark.parametrize("spec", SPECS)
