@@ -97,30 +97,6 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
 
     ids: log-probs (root_logp and expand's) are over these ascending token ids instead of the whole
     vocabulary (the draft vocabulary): the same ranking, as ids off it have log-prob -inf."""
-    return _kept(*grow_pool(expand, root_token, root_logp, spec, ids), spec.total_tokens, spec.top_k)
-
-
-def grow_flat(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec, order: str,
-              ids: Optional[torch.Tensor] = None):
-    """`grow_tree` then `flatten_device_masked`: (the tree in traversal order, its ancestor mask). On
-    CUDA the kept set and the flattening are two launches (ssv/ops/tree) instead of ~76."""
-    pool = grow_pool(expand, root_token, root_logp, spec, ids)
-    T, k, D = spec.total_tokens, spec.top_k, spec.depth
-    if root_logp.is_cuda:
-        from ssv.ops.tree.ops import MAX_KEPT, MAX_POOL, tree_flatten   # lazily, as the top-k
-        if spec.max_nodes <= MAX_POOL and T <= MAX_KEPT:
-            if order not in ORDERS:
-                raise ValueError(f"flatten: order must be one of {ORDERS}, got {order!r}")
-            tokens, parents, scores, depth, _, mask = tree_flatten(*pool, T, k, D, order)
-            return DeviceTree(tokens, parents, scores, depth), mask
-    flat, _, mask = flatten_device_masked(_kept(*pool, T, k), order, spec)
-    return flat, mask
-
-
-def grow_pool(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec,
-              ids: Optional[torch.Tensor] = None):
-    """The candidate pool `grow_tree` keeps from: (tokens, parents, float64 cumulative scores) [max_nodes],
-    the root, its k children, then k * k a level, in creation order."""
     check_spec(spec)
     D, k, T = spec.depth, spec.top_k, spec.total_tokens
     dev = root_logp.device
@@ -128,7 +104,8 @@ def grow_pool(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     if T == 1:
         tok = torch.zeros(M, dtype=torch.long, device=dev)
         tok[0] = root_token
-        return tok, torch.full((M,), -1, dtype=torch.long, device=dev), torch.zeros(M, dtype=torch.float64, device=dev)
+        return _kept(tok, torch.full((M,), -1, dtype=torch.long, device=dev),
+                     torch.zeros(M, dtype=torch.float64, device=dev), T)
     # every pool entry is written by its level: the root and level 1, then k * k a level
     tok = torch.empty(M, dtype=torch.long, device=dev)
     par = torch.empty(M, dtype=torch.long, device=dev)
@@ -149,7 +126,7 @@ def grow_pool(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
         vals, toks = _vocab_top(expand(t, f_tok, f_parent, f_rows), k, ids, clamp=True)   # [k, k] of [k, V]
         level(vals, toks, t, base, None, front, f_rows, tok, par, score, *fr[(t + 1) % 2])
         base += k * k
-    return tok, par, score
+    return _kept(tok, par, score, T, k)
 
 
 def _tree_level(x: torch.Tensor, k: int):

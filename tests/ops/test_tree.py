@@ -83,37 +83,3 @@ def test_tree_level_refuses_what_one_program_cannot_hold():
     with pytest.raises(ValueError, match="float64"):
         tree_level(v[:1, :4].float(), v[:1, :4].long(), 1, 1, nxt[0][:1], None, None, tok, par, score,
                    nxt[0][:4], nxt[1][:4], nxt[2][:4], torch.empty(4, D, dtype=torch.long, device=DEV))
-
-
-def _pool(spec, seed, device, nan=False):
-    from ..spec.test_device import _table
-    tab = _table(spec, 40, seed).to(device)
-    if nan:
-        tab[0, 5, 7] = float("nan")        # the root child 7 and its subtree score NaN: they rank first
-    return SD.grow_pool(lambda lv, t, p, r: tab[lv - 1][t], torch.tensor(5, device=device), tab[0, 5], spec)
-
-
-@pytest.mark.parametrize("spec", [TreeSpec(1, 1, 2), TreeSpec(3, 2, 7), TreeSpec(4, 3, 12), TreeSpec(6, 8, 48),
-                                  TreeSpec(5, 4, 61), TreeSpec(2, 16, 20), TreeSpec(8, 8, 96), TreeSpec(3, 3, 1)])
-@pytest.mark.parametrize("order", ["pos", "dfs", "bfs"])
-def test_tree_flatten_matches_kept_then_flatten(spec, order):
-    from ssv.ops.tree.naive import tree_flatten_naive
-    from ssv.ops.tree.ops import tree_flatten
-    for seed in (0, 1):
-        pool = _pool(spec, seed, DEV, nan=seed == 1)
-        want = tree_flatten_naive(*pool, spec.total_tokens, spec.top_k, spec.depth, order)
-        got = tree_flatten(*pool, spec.total_tokens, spec.top_k, spec.depth, order)
-        for a, b in zip(got, want):
-            assert a.dtype == b.dtype
-            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-
-
-def test_tree_flatten_refuses_what_one_program_cannot_hold():
-    from ssv.ops.tree.ops import tree_flatten
-    pool = _pool(TreeSpec(3, 2, 7), 0, DEV)
-    with pytest.raises(ValueError, match="pool nodes"):
-        tree_flatten(*pool, 0, 2, 3, "pos")
-    with pytest.raises(ValueError, match="order"):
-        tree_flatten(*pool, 7, 2, 3, "sideways")
-    with pytest.raises(ValueError, match="float64"):
-        tree_flatten(pool[0], pool[1], pool[2].float(), 7, 2, 3, "pos")

@@ -46,13 +46,3 @@ def tree_level_naive(vals, toks, t: int, base: int, root, front, rows_in, tok, p
     if t - 1 < D:
         rows[:, t - 1] = (t - 1) * K + j
     rows_out.copy_(rows)
-
-
-def tree_flatten_naive(tok, par, score, T: int, k: int, depth: int, order: str):
-    """The kept set of a grown pool (`ssv.spec.device._kept`) flattened in `order`
-    (`flatten_device_masked`). Returns (tokens, parents, scores, depth, perm, mask)."""
-    from ssv.spec.device import _kept, flatten_device_masked
-    from ssv.spec.tree import TreeSpec
-    tree = _kept(tok, par, score, T, k)
-    flat, perm, mask = flatten_device_masked(tree, order, TreeSpec(depth, k, T))
-    return flat.tokens, flat.parents, flat.scores, flat.depth, perm, mask

@@ -31,30 +31,3 @@ def tree_level(vals, toks, t: int, base: int, root, front, rows_in, tok, par, sc
         tok, par, score, front_out, ftok_out, fpar_out, rows_out, int(t), int(base), vals.stride(0),
         R=R, K=K, D=D, BN=max(16, triton.next_power_of_2(R * K)), BD=max(16, triton.next_power_of_2(D)),
         FIRST=t == 1, num_warps=4)
-
-
-MAX_POOL, MAX_KEPT = 1024, 128
-
-
-def tree_flatten(tok, par, score, T: int, k: int, depth: int, order: str):
-    """`tree_flatten_naive` (`_kept` then `flatten_device_masked`) in two launches: the kept set, then
-    the flattened tree and its ancestor mask. tok / par / score [M]: a grown pool (float64 scores).
-    Returns (tokens, parents, scores float32, depth) [T] in the traversal order, perm [T] (the kept
-    tree's index of each), mask [T, T] bool."""
-    from ssv.ops.tree.kernels import tree_flat_fwd_kernel, tree_keep_fwd_kernel
-    M = tok.numel()
-    if not 1 <= T <= min(M, MAX_KEPT) or M > MAX_POOL or score.dtype != torch.float64:
-        raise ValueError(f"tree_flatten: {T} of {M} pool nodes (at most {MAX_KEPT} of {MAX_POOL}, float64 scores)")
-    if order not in ("bfs", "dfs", "pos"):
-        raise ValueError(f"tree_flatten: order must be bfs, dfs or pos, got {order!r}")
-    dev = tok.device
-    kpool = torch.empty(T, dtype=torch.long, device=dev)
-    nidx = torch.empty(M, dtype=torch.long, device=dev)
-    bm = max(16, triton.next_power_of_2(M))
-    tree_keep_fwd_kernel[(1,)](score, kpool, nidx, M, T=T, BM=bm, BJ=16, num_warps=8 if bm >= 512 else 4)
-    out = [torch.empty(T, dtype=dt, device=dev) for dt in (torch.long, torch.long, torch.float32, torch.long, torch.long)]
-    mask = torch.empty(T, T, dtype=torch.int8, device=dev)
-    bt = max(16, triton.next_power_of_2(T))
-    tree_flat_fwd_kernel[(1,)](tok, par, score, kpool, nidx, *out, mask, T=T, K=k, D=depth, BITS=k.bit_length(),
-                               LEVEL=order in ("bfs", "pos"), BT=bt, num_warps=8 if bt >= 128 else 4)
-    return (*out, mask.view(torch.bool))
