@@ -38,13 +38,17 @@ def _where(e: BaseException) -> str:
 
 
 class DeviceEngine:
-    def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False):
+    def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False,
+                 overlap: Optional[bool] = None):
         """graphs: capture CUDA graphs (default: on CUDA). check_sync: run every eager round under the
         host-sync guard (a debugging aid, like CUDA_LAUNCH_BLOCKING; the first warm-up before a
-        capture always runs under it)."""
+        capture always runs under it). overlap: the generation loops launch a step before they read
+        the one before it (default: on CUDA; on the CPU a step runs as it is launched, so launching
+        ahead only wastes the step after a stop token)."""
         self.runner, self.drafter = runner, drafter
         self.check_sync = bool(check_sync)
         dev = runner.device
+        self.overlap = dev.type == "cuda" if overlap is None else bool(overlap)
         self.graphs = dev.type == "cuda" if graphs is None else bool(graphs)
         if self.graphs and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device (use graphs=False / --eager)")

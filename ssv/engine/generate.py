@@ -109,7 +109,8 @@ def _ar_device_steps(engine, runner: Runner, out: list, params, max_new_tokens: 
     steps, flight = 0, None
     while True:
         ahead = int(flight is not None)   # tokens the step in flight will add
-        if len(out) + ahead < max_new_tokens and runner.length + ahead + 1 <= runner.context_limit - 1:
+        if ((flight is None or engine.overlap) and len(out) + ahead < max_new_tokens
+                and runner.length + ahead + 1 <= runner.context_limit - 1):
             nxt = engine.launch_ar(params)
         elif flight is None:
             return steps, ("length" if len(out) >= max_new_tokens else "context")

@@ -219,7 +219,8 @@ def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_
             opts = planner.choose(runner.length)
         ahead = flight["most"] if flight is not None else 0   # tokens the step in flight may add
         nxt = None
-        if len(out) + ahead < max_new_tokens and runner.length + ahead + opts.tree.depth + 2 <= runner.context_limit:
+        if ((flight is None or engine.overlap) and len(out) + ahead < max_new_tokens
+                and runner.length + ahead + opts.tree.depth + 2 <= runner.context_limit):
             if flight is None:
                 t_mark = time.perf_counter()
             if decide(opts):

@@ -35,8 +35,8 @@ def _stop_token(text, lo=10):
 
 
 class Counting(DeviceEngine):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
+    def __init__(self, *a, overlap=True, **k):   # the CPU runs the overlapped loops too (not its default)
+        super().__init__(*a, overlap=overlap, **k)
         self.launched = self.discarded = 0
 
     def _record(self, *a):
@@ -92,7 +92,7 @@ def test_spec_overlap_stops_at_eos_and_leaves_the_engine_as_a_fresh_one(fallback
     # the next generation on this engine equals one on a fresh engine
     again = generate_spec(r, d, prompt[:30], GREEDY, 20, opts=OPTS, engine=eng, fallback=fb())
     t2, _, r2, d2 = _setup()
-    fresh = generate_spec(r2, d2, prompt[:30], GREEDY, 20, opts=OPTS, engine=DeviceEngine(r2, d2), fallback=fb())
+    fresh = generate_spec(r2, d2, prompt[:30], GREEDY, 20, opts=OPTS, engine=Counting(r2, d2), fallback=fb())
     assert again.token_ids == fresh.token_ids
     assert again.stats["rounds"] == fresh.stats["rounds"] and again.stats["ar_steps"] == fresh.stats["ar_steps"]
     torch.testing.assert_close(d.dlogp_buf, d2.dlogp_buf)
@@ -111,7 +111,7 @@ def test_spec_overlap_stops_at_the_context_limit_as_the_host_loop():
     got = []
     for fast in (False, True):
         _, _, r, d = _setup(max_len=80)
-        res = generate_spec(r, d, prompt, GREEDY, 100, opts=OPTS, engine=DeviceEngine(r, d) if fast else None)
+        res = generate_spec(r, d, prompt, GREEDY, 100, opts=OPTS, engine=Counting(r, d) if fast else None)
         got.append((res.token_ids, res.stats["stop"]))
         _consistent(r, d) if fast else None
     assert got[0] == got[1] and got[0][1] == "context"
@@ -138,3 +138,17 @@ def test_cuda_graphed_overlap_stops_where_the_whole_text_says():
         eng.catch_up()
         _consistent(r, d)
     assert not eng._eager
+
+
+@pytest.mark.parametrize("spec_mode", [False, True])
+def test_without_overlap_a_step_is_finished_before_the_next_and_none_is_discarded(spec_mode):
+    """The CPU's default: each step runs as it is launched, so nothing is launched ahead of a stop."""
+    target, prompt, r, d = _setup()
+    ar = generate_ar(Runner(target, attention="nsa", nsa=NSA, max_len=300), prompt, GREEDY, 40).token_ids
+    stop, first = _stop_token(ar, 15)
+    eng = Counting(r, d, overlap=False)
+    assert DeviceEngine(r, d).overlap is False                    # the CPU default
+    res = (generate_spec(r, d, prompt, GREEDY, 40, opts=OPTS, engine=eng, stop_ids=(stop,)) if spec_mode
+           else generate_ar(r, prompt, GREEDY, 40, engine=eng, stop_ids=(stop,)))
+    assert res.token_ids == ar[:first + 1] and eng.discarded == 0
+    assert eng.launched == (res.stats["rounds"] if spec_mode else first)
