@@ -149,3 +149,22 @@ def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys, monkey
     assert "case x failed: RuntimeError: no kernel" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="no kernel"):
         timed(boom, False, "case x")
+
+
+def test_commit_label_marks_a_tree_that_differs_from_its_head(tmp_path, monkeypatch):
+    """A copied tree with a stale .git must not pass for its HEAD: the label says -dirty."""
+    import subprocess
+
+    from ssv.bench.kernels import _commit
+    monkeypatch.delenv("SSV_COMMIT", raising=False)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "a.py"], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert _commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert _commit(tmp_path) == head + "-dirty"
+    monkeypatch.setenv("SSV_COMMIT", "abc1234")
+    assert _commit(tmp_path) == "abc1234"

@@ -381,13 +381,20 @@ def run_traces(path):
     return overlap, rows
 
 
-def _commit():
-    """SSV_COMMIT (machines without git), else the checkout's HEAD."""
+def _commit(cwd=None):
+    """SSV_COMMIT (machines without git), else the checkout's HEAD, marked "-dirty" when tracked files
+    differ from it: the device machine's copy of the working tree carries a stale .git, whose HEAD
+    labelled runs of newer code with an old commit."""
     if os.environ.get("SSV_COMMIT"):
         return os.environ["SSV_COMMIT"]
+    here = cwd or os.path.dirname(__file__)
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(__file__)).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+        if not head:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=here).stdout.strip()
+        return head + ("-dirty" if dirty else "")
     except OSError:
         return None
 
