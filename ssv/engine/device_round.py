@@ -315,7 +315,7 @@ class DeviceEngine:
         those lengths are dead; the drafter's next-root state is not restored, so a discard ends a
         generation (the next one starts with `start`)."""
         self.runner.cache.sync_device()
-        if self.drafter is not None and hasattr(self.drafter, "dlen"):
+        if self.drafter is not None:
             self.drafter.dlen.fill_(self.drafter.length)
         if t.get("ring"):
             self.ring.pending -= 1
