@@ -27,12 +27,15 @@ import ssv.ops.nsa.route as route
 from ssv.bench.kernels import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
+from ssv.ops.nsa.route_policy import plan_route
+from ssv.ops.utils import sm_count
 
 PATH_KEYS = "k_path" in inspect.signature(route.nsa_route).parameters   # the package predates the fold
 
 CASES = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 8192, 64), ("smollm2-135m", 4096, 48),
          ("smollm2-135m", 8192, 48), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 16384, 64),
-         ("llama3.1-8b", 131072, 64)]
+         ("llama3.1-8b", 131072, 64), ("smollm2-135m", 1024, 1), ("smollm2-135m", 2048, 1),
+         ("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48)]
 
 
 def case(shape, T, N, gen, dtype=torch.bfloat16):
@@ -80,8 +83,9 @@ def main(out, against=None):
                 kp, vp = route.path_blocks(w, s0, k, k, plen, N, kernel=True, values=False)
                 return route.nsa_route(q, kc, vc, nb, kp, vp, npath, pos, cfg, max_pos=mp, **kw)
             return route.nsa_route(q, kc, vc, nb, k, k, w, s0, npath, pos, cfg, max_pos=mp, **kw)
-        other = "fused" if nb > 320 else "split"   # the other form beside the policy's choice
-        for name, kw in (("policy", {}), (other, dict(fused=nb > 320))):
+        hq, hkv = SHAPES[shape][:2]
+        fused = plan_route(N, hq, hkv, nb, mp // cfg.slc_block + 1, cfg, sm_count(q.device)).fused
+        for name, kw in (("policy", {}), ("split" if fused else "fused", dict(fused=not fused))):
             key = f"{shape} {T} {N} {name}"
             try:
                 us, per = timed(lambda: run(**kw))
@@ -90,7 +94,8 @@ def main(out, against=None):
                 continue
             idx, imp = (x.cpu() for x in run(**kw)[:2])
             sel[key] = idx
-            row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per)
+            row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
+                       form=("fused" if fused else "split") if name == "policy" else name)
             if key in base:
                 row.update(idx_equal_base=torch.equal(idx, base[key]),
                            idx_diff_rows=int((idx != base[key]).any(-1).sum()))

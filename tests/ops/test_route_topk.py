@@ -1,5 +1,6 @@
 """The routing top-n (one packed-key top-k) on importance full of exact ties, negative and -inf
-scores, forced blocks and fewer candidates than n: the reference's selection, ties to the lower block."""
+scores, forced blocks and fewer candidates than n, and on distinct scores (the bisection's early stop):
+the reference's selection, ties to the lower block."""
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ from .test_nsa_kernels import DEV
 
 
 @pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
-                                                   (4, 3, 2, 2)])
+                                                   (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0)])
 @pytest.mark.parametrize("qc, srt", [(1, True), (4, True), (1, False), (4, False)])
 def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt):
     """Both selections: the bitonic top-k (short rows) and the bisection (long rows)."""
@@ -22,7 +23,10 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt):
     # with cmp = slc blocks of 16 (R = A = 1) a selection block's importance is one committed entry:
     # few distinct values (levels), some negative, so most comparisons are exact ties
     nb = nbs
-    psum = (torch.randint(0, levels, (n, hkv, nb), generator=gen).float() - (levels // 2)) * 0.25
+    psum = (torch.randint(0, max(levels, 1), (n, hkv, nb), generator=gen).float() - (levels // 2)) * 0.25
+    if levels == 0:   # distinct values: the bisection stops at a threshold with exactly n above it
+        psum = torch.rand(n, hkv, nb, generator=gen) ** 4
+        psum[1, 0, 5:9] = psum[1, 0, 9]   # one row with a tie, beside rows without
     pos = torch.randint(0, nbs * 16, (n,), generator=gen)
     pos[0] = 3                      # one candidate block only: fewer than n selected
     npath = torch.zeros(n, dtype=torch.int32)
@@ -34,7 +38,7 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt):
     nsa_route_topk_fwd_kernel[(-(-n // qc), hkv)](
         own, own, *t, n, nbs, own.stride(0), own.stride(1), t[0].stride(0), t[0].stride(1), t[4].stride(0),
         t[4].stride(1), QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1), SORTED=srt,
-        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, num_warps=1)
+        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NBPP=1, NW=2, num_warps=1)
     imp_k, idx_k = own.cpu(), t[4].cpu().long()
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))
     assert torch.equal(imp_k, want_imp)

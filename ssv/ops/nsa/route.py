@@ -21,7 +21,7 @@ import torch
 from ssv.config import NSAConfig
 from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_imp_fwd_kernel,
                                        nsa_route_lse_fwd_kernel, nsa_route_topk_fwd_kernel)
-from ssv.ops.nsa.route_policy import plan_route
+from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.utils import pow2, sm_count
 
 
@@ -62,9 +62,9 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused)
-    r, a = lp.r, lp.a
-    nbpp, sb = pow2(max(nbp, 1), 1), pow2(min(n_slots, 128))   # path blocks, a slot tile
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots)
+    r, a, sb = lp.r, lp.a, lp.sb
+    nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
     npath = n_path.to(dev, torch.int32).contiguous()   # no copy when already so
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
@@ -77,7 +77,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
     rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp)
     top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
-               FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local)
+               FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NW=path_window(nbpp, r, a))
     cache = (k, v, wc, s0_t, npath, nbpre_t)
     kst = (q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1))
     pst = (k.stride(0), k.stride(1), wc.stride(0), wc.stride(1))
@@ -100,9 +100,9 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_imp_fwd_kernel[grid](
         q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
-        float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, num_warps=4)
+        float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
-        imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top,
+        imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, NBPP=nbpp,
         num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
 

@@ -185,7 +185,7 @@ def _order_bits(x):
 def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
                LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
                NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr,
-               FORCED_LOCAL: tl.constexpr):
+               FORCED_LOCAL: tl.constexpr, QC: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr):
     # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
     # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
     # with ties to the lower index, ascending, -1 padded
@@ -194,16 +194,28 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
     m_qj = m_q[:, None] & m_j[None, :]
     NJO = _num_own(NBPRE, NBS, R)
     p_row = o_q[:, None] * s_in + i_h * s_ih
-    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < NJO)[None, :], other=0.0)      # [QC, BJ]
+    t = tl.load(pos + o_q, mask=m_q, other=0)
+    b_np = tl.load(npath + o_q, mask=m_q, other=0)
+    # the path-specific blocks c = NBPRE + b (b < npath) fall in the NW selection blocks from
+    # j0 = NBPRE // R (block j holds the starts [jR - A + 1, (j + 1)R)): their sums, in the order
+    # of b, added to those blocks' own sums in memory before the row is read (a gather over the
+    # row per compression start cost ~1/3 of this kernel's instructions)
+    j0 = NBPRE // R
+    o_w = j0 + tl.arange(0, NW)
+    m_w = m_q[:, None] & (o_w < NBS)[None, :]
+    p_w = own + p_row + o_w[None, :]
+    b_win = tl.load(p_w, mask=m_w & (o_w < NJO)[None, :], other=0.0)                  # [QC, NW]
+    for b in tl.static_range(NBPP):
+        c = NBPRE + b
+        p_b = tl.load(pp + o_q * s_un + i_h * s_uh + b, mask=m_q & (b < b_np), other=0.0)    # [QC]
+        b_win += tl.where(((o_w >= c // R) & (o_w <= (c + A - 1) // R))[None, :], p_b[:, None], 0.0)
+    tl.store(p_w, b_win, mask=m_w)
+    tl.debug_barrier()   # the window's stores, read back by other threads
+    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < tl.maximum(NJO, j0 + NW))[None, :],
+                    other=0.0)                                                            # [QC, BJ]
     if A > 1:
         m_t = m_qj & ((o_j >= 1) & (o_j <= NJO))[None, :]
         b_imp += tl.load(tail + p_row + o_j[None, :] - 1, mask=m_t, other=0.0)
-    t = tl.load(pos + o_q, mask=m_q, other=0)
-    b_np = tl.load(npath + o_q, mask=m_q, other=0)
-    for u in tl.static_range(R + A - 1):
-        o_b = o_j * R - A + 1 + u - NBPRE                  # the path-specific block, if any
-        m_b = m_qj & (o_b >= 0)[None, :] & (o_b[None, :] < b_np[:, None])
-        b_imp += tl.load(pp + o_q[:, None] * s_un + i_h * s_uh + o_b[None, :], mask=m_b, other=0.0)
     cand = (o_j[None, :] * LS <= t[:, None]) & m_j[None, :]
     b_imp = tl.where(cand, b_imp, float("-inf"))
     tl.store(own + p_row + o_j[None, :], b_imp, mask=m_qj)
@@ -224,21 +236,29 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
         b_j = tl.sort(tl.where(taken, BJ - 1 - (b_top & 0xFFFFFFFF).to(tl.int32), BJ))
         tl.store(p_x + o_k[None, :], tl.where(b_j < BJ, b_j, -1), mask=m_q[:, None] & (o_k < NSEL)[None, :])
     else:
-        # long rows: the n-th largest key by bisection on its order bits (32 counting rounds), then
-        # the keys above it and, of those equal to it, the lowest blocks (a stable sort's first n)
+        # long rows: bisection on the keys' order bits for a threshold t with exactly n keys >= t
+        # (then those keys are the top n; most rows stop after ~12-16 of the 32 rounds), else for the
+        # n-th largest key (ties at it: 32 rounds), then the keys above t and, of those equal to
+        # it, the lowest blocks (a stable sort's first n)
         b_ord = _order_bits(b_key)                                                 # [QC, BJ] int32
         lo = tl.full(o_q.shape, -2147483648, tl.int64)
         hi = tl.full(o_q.shape, 2147483648, tl.int64)
-        for _ in range(32):
+        go = 1
+        while go > 0:
             mid = (lo + hi) >> 1
-            ok = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1) >= NSEL
+            cnt = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+            ok = cnt >= NSEL
             lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
+            hi = tl.where(cnt == NSEL, mid + 1, tl.where(ok, hi, mid))
+            go = tl.max((hi - lo > 1).to(tl.int32), 0)
         b_t = lo.to(tl.int32)[:, None]
         above = b_ord > b_t
         tie = b_ord == b_t
         need = NSEL - tl.sum(above.to(tl.int32), 1)
-        sel = (above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))) & (b_key > float("-inf"))
+        sel = above | tie
+        if tl.max((tl.sum(tie.to(tl.int32), 1) > need).to(tl.int32), 0) > 0:   # ties at t overflow n: rare
+            sel = above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))
+        sel = sel & (b_key > float("-inf"))
         rank = tl.cumsum(sel.to(tl.int32), 1) - 1
         tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
         cnt = tl.sum(sel.to(tl.int32), 1)
@@ -293,24 +313,27 @@ def nsa_route_imp_fwd_kernel(
     s_qn, s_qh, s_kh, s_kb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, NBPP: tl.constexpr,
+    NSP: tl.constexpr,
 ):
     # split launch 2, same grid: the final log-sum-exp from all the states of launch 1, then the
     # importance of a range of whole selection blocks (split NCS + b: path block b's sums)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
-    b_m = tl.full([BM], float("-inf"), tl.float32)
-    for s in range(0, NSPLIT):
-        b_m = tl.maximum(b_m, tl.load(m_in + (s * N + o_qi) * HQ + o_hq, mask=m_r, other=float("-inf")))
+    # all splits' states in one [NSP, BM] load each: one memory round trip, not one a split
+    o_sp = tl.arange(0, NSP)
+    p_sp = (o_sp[:, None] * N + o_qi[None, :]) * HQ + o_hq[None, :]
+    m_sp = (o_sp < NSPLIT)[:, None] & m_r[None, :]
+    b_mp = tl.load(m_in + p_sp, mask=m_sp, other=float("-inf"))                      # [NSP, BM]
+    b_m = tl.max(b_mp, 0)
     b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_l = tl.zeros([BM], tl.float32)
+    b_l = tl.sum(tl.exp2(b_mp - b_ms[None, :]) * tl.load(l_in + p_sp, mask=m_sp, other=0.0), 0)
     b_a = tl.zeros([BM, D], tl.float32)
-    for s in range(0, NSPLIT):
-        p_part = (s * N + o_qi) * HQ + o_hq
-        b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
-        b_l += b_w * tl.load(l_in + p_part, mask=m_r, other=0.0)
-        if WANT_O:
-            if i_s == 0:
+    if WANT_O:
+        if i_s == 0:
+            for s in range(0, NSPLIT):
+                p_part = (s * N + o_qi) * HQ + o_hq
+                b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
                 b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
@@ -337,12 +360,13 @@ def nsa_route_topk_fwd_kernel(
     N, NBS, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     QC: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
     NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
+    NBPP: tl.constexpr, NW: tl.constexpr,
 ):
     # split launch 3, grid (query chunks of QC, Hkv)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
-               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
+               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, QC, NBPP, NW)
 
 
 @triton.jit
@@ -354,7 +378,7 @@ def nsa_route_fused_fwd_kernel(
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
-    SB: tl.constexpr, NBPP: tl.constexpr,
+    SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
@@ -380,4 +404,5 @@ def nsa_route_fused_fwd_kernel(
     for c in tl.static_range(0, CR, QC):
         o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
         _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, o_q < N, i_h, s_in, s_ih,
-                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL)
+                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, QC,
+                   NBPP, NW)

@@ -13,16 +13,17 @@ import triton
 from ssv.config import NSAConfig
 from ssv.ops.utils import pow2
 
-# Measured on the H200 (bench/NOTES.md, "Routing v2"; bench/results/route-v2/):
-# the fused launch sweeps the cache in one program per (query group, KV head): faster than the
-# split launches up to ~300 compression blocks (SmolLM2 at 4K: 15.2 vs 18.3 us), slower at 511;
-# and at 16 rows (SmolLM2 at 4K: 15.2 us at 16 rows, 24.5 at 32, 40.4 at 64)
-FUSED_MAX_BLOCKS = 320
+# Measured on the H200 (bench/NOTES.md, "Routing v4"; bench/results/route-v4/): the fused launch
+# sweeps the cache in one program per (query group, KV head); since the split launches' merge and
+# top-n got cheaper it is faster only for a few queries over a short cache (SmolLM2, one query: 7.6
+# against 9.2 us at 1K, 11.7 against 9.3 at 4K; 48 queries: 13.2 against 12.7 at 1K)
+FUSED_MAX_BLOCKS = 128
 FUSED_MAX_ROWS = 16
 # top-n: a bitonic top-k on short rows (2.8-5.4 us at 64-128 blocks against 8.6-9.8 by bisection),
 # bisection on long ones (21 us at 1,024 blocks against 51; 39 against 264 at 2,048)
 SORTED_MAX_BLOCKS = 256
 TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
+SLOT_TILE = 128    # the step's slots per tile of the path blocks' scores (64, 32: within 2 us, route-v4)
 MAX_SELECTION_BLOCKS = 8192
 
 
@@ -42,6 +43,7 @@ class RouteLaunch:
     topk_warps: int
     sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
     nselp: int
+    sb: int        # slots per tile of the path blocks' scores
 
 
 def check_blocks(cfg: NSAConfig) -> tuple:
@@ -56,18 +58,25 @@ def check_blocks(cfg: NSAConfig) -> tuple:
     return r, a
 
 
+def path_window(nbpp: int, r: int, a: int) -> int:
+    """Selection blocks that nbpp compression blocks in a row (a step's path-specific ones) can touch,
+    a power of two: block j holds the starts [jR - A + 1, (j + 1)R)."""
+    return pow2((nbpp + a + r - 3) // r + 1, 1)
+
+
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
-               n_split: Optional[int] = None, fused: Optional[bool] = None) -> RouteLaunch:
+               n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
-    lives on the device); nbs selection blocks per query row."""
+    lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
+    blocks average."""
     if nbs > MAX_SELECTION_BLOCKS:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of {MAX_SELECTION_BLOCKS}")
     r, a = check_blocks(cfg)
-    fused = nb_cap <= FUSED_MAX_BLOCKS if fused is None else fused
-    if fused:
-        max_rows = min(max_rows, FUSED_MAX_ROWS)
     g = hq // hkv
     gp = pow2(g, 1)
+    fused = nb_cap <= FUSED_MAX_BLOCKS and n * gp <= FUSED_MAX_ROWS if fused is None else fused
+    if fused:
+        max_rows = min(max_rows, FUSED_MAX_ROWS)
     per = max(1, max_rows // gp)
     cr = min(pow2(n, 1), 1 << (per.bit_length() - 1))   # queries: a power of two, rows <= max_rows
     bm = max(16, cr * gp)                                 # tl.dot's smallest M
@@ -88,4 +97,5 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     else:
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
-    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1))
+    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1),
+                       pow2(min(n_slots, SLOT_TILE)))
