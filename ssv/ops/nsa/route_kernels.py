@@ -185,7 +185,7 @@ def _order_bits(x):
 def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
                LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
                NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr,
-               FORCED_LOCAL: tl.constexpr, QC: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr):
+               FORCED_LOCAL: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr):
     # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
     # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
     # with ties to the lower index, ascending, -1 padded
@@ -205,9 +205,10 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
     m_w = m_q[:, None] & (o_w < NBS)[None, :]
     p_w = own + p_row + o_w[None, :]
     b_win = tl.load(p_w, mask=m_w & (o_w < NJO)[None, :], other=0.0)                  # [QC, NW]
+    p_pq = pp + o_q * s_un + i_h * s_uh
     for b in tl.static_range(NBPP):
         c = NBPRE + b
-        p_b = tl.load(pp + o_q * s_un + i_h * s_uh + b, mask=m_q & (b < b_np), other=0.0)    # [QC]
+        p_b = tl.load(p_pq + b, mask=m_q & (b < b_np), other=0.0)                            # [QC]
         b_win += tl.where(((o_w >= c // R) & (o_w <= (c + A - 1) // R))[None, :], p_b[:, None], 0.0)
     tl.store(p_w, b_win, mask=m_w)
     tl.debug_barrier()   # the window's stores, read back by other threads
@@ -366,7 +367,7 @@ def nsa_route_topk_fwd_kernel(
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
-               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, QC, NBPP, NW)
+               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, NBPP, NW)
 
 
 @triton.jit
@@ -404,5 +405,5 @@ def nsa_route_fused_fwd_kernel(
     for c in tl.static_range(0, CR, QC):
         o_q = (i_g * CR + c + tl.arange(0, QC)).to(tl.int64)
         _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, o_q < N, i_h, s_in, s_ih,
-                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, QC,
-                   NBPP, NW)
+                   s_un, s_uh, s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, NBPP,
+                   NW)
