@@ -13,6 +13,8 @@ import torch
 from ssv.cache import KVCache
 from ssv.config import NSAConfig
 from ssv.ops.dense.naive import dense_naive
+from ssv.ops.nsa.cpu import CpuStep, nsa_cpu
+from ssv.ops.nsa.cpu import supported as cpu_supported
 from ssv.ops.nsa.naive import check_visibility, nsa_naive
 
 PRECISIONS = ("strict", "approx")
@@ -96,7 +98,9 @@ class VerifyOptions:
 
 
 class NSAPlan(_HostSlots):
-    """NSA on the reference ops (the CPU path); records routing when asked."""
+    """NSA on the reference ops (the CPU path); records routing when asked. On the CPU the "union" and
+    "gated" gatings run `nsa_cpu`, the reference's math with the step's masks built once (AR steps,
+    verification and prefill alike, so strict verification still agrees with AR decoding)."""
 
     def __init__(self, meta: StepMeta, cfg: NSAConfig, opts: Optional[VerifyOptions] = None,
                  record: Optional[list] = None):
@@ -106,11 +110,16 @@ class NSAPlan(_HostSlots):
         self._indices: Optional[torch.Tensor] = None  # routing of the last refresh layer
         rep = torch.arange(meta.n) // self.opts.group_size * self.opts.group_size
         self._rep = rep.to(meta.positions.device)      # each query's group representative
+        self._step = None
+        if cpu_supported(cfg, meta.positions.device) and meta.n:
+            self._step = CpuStep(meta.prefix_len, meta.positions, meta.tree_mask, cfg)
 
     def run(self, layer: int, q: torch.Tensor, cache: KVCache, gates=None) -> torch.Tensor:
         m = self.meta
         kc = cache.k_cmp[layer] if _same_blocks(cache.nsa, self.cfg) else None
         vc = cache.v_cmp[layer] if kc is not None else None
+        if self._step is not None:
+            return self._run_cpu(layer, q, cache, gates, kc, vc)
         kw = dict(gates=gates, k_cmp=kc, v_cmp=vc)
         reuse = None if self.opts.refreshes(layer) else self._indices
         out = nsa_naive(q, cache.k[layer], cache.v[layer], m.prefix_len, m.positions, m.tree_mask, self.cfg,
@@ -125,6 +134,20 @@ class NSAPlan(_HostSlots):
         if self.record is not None:
             self.record.append(_record(layer, m, idx))
         return out.o.to(q.dtype)
+
+
+    def _run_cpu(self, layer, q, cache, gates, kc, vc) -> torch.Tensor:
+        reuse = None if self.opts.refreshes(layer) else self._indices
+        k, v = cache.k[layer], cache.v[layer]
+        o, idx = nsa_cpu(q, k, v, self._step, kc, vc, gates=gates, block_indices=reuse)
+        if reuse is None and self.opts.precision == "approx" and self.opts.group_size > 1:
+            idx = idx[self._rep]
+            o, _ = nsa_cpu(q, k, v, self._step, kc, vc, gates=gates, block_indices=idx)
+        if reuse is None:
+            self._indices = idx
+        if self.record is not None:
+            self.record.append(_record(layer, self.meta, idx))
+        return o.to(q.dtype)
 
 
 class TritonNSAPlan(_HostSlots):

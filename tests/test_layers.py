@@ -1,4 +1,4 @@
-"""The CPU's inference linear (W @ x.T for a few rows): the same values as F.linear, autograd kept."""
+"""The CPU's inference linear (x @ a cached contiguous W.T): the same values as F.linear, autograd kept."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,3 +33,13 @@ def test_linear_keeps_autograd_and_other_shapes():
     with torch.no_grad():
         x3 = torch.randn(2, 5, 8)
         assert torch.allclose(linear(x3, w.detach()), F.linear(x3, w.detach()))
+
+
+def test_linear_follows_an_updated_weight():
+    """The cached transpose is re-made when the weight is modified in place (a trained weight)."""
+    w, x = torch.randn(7, 5), torch.randn(4, 5)
+    with torch.no_grad():
+        a = linear(x, w)
+        w.mul_(2.0)
+        b = linear(x, w)
+    assert torch.allclose(b, 2 * a, atol=1e-5) and torch.allclose(b, F.linear(x, w), atol=1e-5)

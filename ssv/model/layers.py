@@ -6,6 +6,7 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ssv.config import ModelConfig, RopeConfig
 
@@ -65,14 +66,27 @@ def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
-    """F.linear, except for inference on the CPU with more than one row: there MKL's x @ W.T takes a
-    slow path for a few rows (bench/results/cpu-step-costs.json, 2-core CPU, fp32: the 49152 x 576 head
-    39 / 44 / 48 ms at 2 / 4 / 16 rows against 11 / 11 / 28 ms for (W @ x.T).T, one row the same
-    either way), and a verification step has a few rows."""
-    if x.is_cuda or x.dim() != 2 or x.shape[0] < 2 or torch.is_grad_enabled():
+    """F.linear, except for inference on the CPU: there it multiplies by a cached contiguous W.T ([in, out],
+    a plain row-major GEMM). MKL's x @ W.T takes a slow path for a few rows and (W @ x.T).T, the form used
+    before, is 1.3-3.5x slower than x @ W.T-contiguous at 4 rows for every layer matrix
+    (scripts/cpu_linear_forms.py, 2-core CPU, fp32); in a 2K verification step of 4 tree nodes the
+    switch took the step from 88 to 68 ms (scripts/cpu_round_costs.py), one row no slower."""
+    if x.is_cuda or x.dim() != 2 or torch.is_grad_enabled():
         return F.linear(x, w, b)
-    y = torch.mm(w, x.t()).t().contiguous()
-    return y if b is None else y + b
+    wt = _transposed(w)
+    return torch.mm(x, wt) if b is None else torch.addmm(b, x, wt)
+
+
+_WT = WeakIdKeyDictionary()   # by identity: a tensor's == is elementwise
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    """w.T made contiguous, kept while w lives and is not modified (a trained weight is re-copied)."""
+    key = (w.data_ptr(), w._version, w.shape)
+    hit = _WT.get(w)
+    if hit is None or hit[0] != key:
+        hit = _WT[w] = (key, w.detach().t().contiguous())
+    return hit[1]
 
 
 def fused_glue(x: torch.Tensor) -> bool:

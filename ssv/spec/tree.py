@@ -334,6 +334,23 @@ def _checked_logprobs(out, n_rows: int, top_k: int) -> torch.Tensor:
     return lp.clamp_max(0.0)
 
 
+def top_k_stable(x: torch.Tensor, k: int) -> tuple:
+    """The first k columns of a stable descending sort of x [R, V] (ties: the lower index first), sorting
+    only each row's entries >= its k-th largest value: a full sort of the 49152-token vocabulary was a
+    third of a CPU draft (5 of 15 ms for a 3x3x4 tree)."""
+    if k >= x.shape[1]:
+        v, i = torch.sort(x, dim=1, descending=True, stable=True)
+        return v[:, :k], i[:, :k]
+    thr = torch.topk(x, k, dim=1).values[:, -1]
+    vals, idxs = [], []
+    for row, t in zip(x, thr):
+        cand = (row >= t).nonzero().flatten()          # ascending: the stable sort's tie order
+        v, o = torch.sort(row[cand], descending=True, stable=True)
+        vals.append(v[:k])
+        idxs.append(cand[o[:k]])
+    return torch.stack(vals), torch.stack(idxs)
+
+
 def build_tree(
     expand: ExpandFn,
     root_token: int,
@@ -370,8 +387,8 @@ def build_tree(
         logprobs = _checked_logprobs(
             expand(list(frontier), _pool_tree(tokens, parents, scores)), len(frontier), spec.top_k
         )
-        # Stable descending sort: equal log-probs are proposed lowest token id first.
-        top_lp, top_tok = torch.sort(logprobs, dim=1, descending=True, stable=True)
+        # equal log-probs are proposed lowest token id first
+        top_lp, top_tok = top_k_stable(logprobs, spec.top_k)
         level = []
         for row, u in enumerate(frontier):
             for j in range(spec.top_k):

@@ -13,6 +13,7 @@ from ssv.spec.tree import (
     build_tree,
     chain,
     flatten,
+    top_k_stable,
     tree_metadata,
 )
 
@@ -431,3 +432,19 @@ def test_build_tree_bad_inputs():
         build_tree(lambda f, t: torch.randn(len(f), 8).abs() + 1, 0, 2, 2, 5)
     with pytest.raises(ValueError, match="NaN"):
         build_tree(lambda f, t: torch.full((len(f), 8), float("nan")), 0, 2, 2, 5)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_top_k_stable_equals_the_stable_sort(seed):
+    """Ties (many, at and around the k-th value), -inf tails and k past the finite entries: the
+    same values and indices as the first k columns of the full stable sort."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, V = 1 + seed % 4, 50 + 37 * seed
+    x = torch.randint(-6, 1, (rows, V), generator=gen).float() / 2           # coarse: ties everywhere
+    x[torch.rand(rows, V, generator=gen) < 0.3] = float("-inf")
+    if seed % 3 == 0:
+        x[0, 5:] = float("-inf")                                              # fewer finite than k
+    for k in (1, 3, 8, V):
+        want_v, want_i = torch.sort(x, dim=1, descending=True, stable=True)
+        got_v, got_i = top_k_stable(x, k)
+        assert torch.equal(got_v, want_v[:, :k]) and torch.equal(got_i, want_i[:, :k])

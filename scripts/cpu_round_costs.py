@@ -1,0 +1,81 @@
+"""Where a CPU ssv strict round's time goes at 2K (default model and head, fp32): one AR step against
+one 3x3x4 round (draft, verify, accept, commit), interleaved; the attention plan's share of each
+forward timed by wrapping the plan's run. Prints ms medians, writes JSON.
+
+    python scripts/cpu_round_costs.py [P] [rounds] [out.json]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import ssv.attention as attention
+from ssv.attention import StepMeta
+from ssv.cli import load_model
+from ssv.draft import load_drafter
+from ssv.engine import spec
+from ssv.engine.runner import Runner
+from ssv.spec.accept import SamplingParams
+from ssv.spec.tree import TreeSpec
+
+
+def main(P=2048, rounds=12, out=None):
+    model, tok = load_model("default", "cpu", progress=False)
+    drafter = load_drafter("default", model)
+    text = json.load(open(".stage/e2e-prompts.json"))["code"][0]
+    ids = tok.encode(text)[:P]
+    r = Runner(model, attention="nsa")
+    opts = spec.SpecOptions(tree=TreeSpec(depth=3, top_k=3, total_tokens=4))
+    params, gen = SamplingParams(temperature=0.0), torch.Generator().manual_seed(0)
+    attn = [0.0]
+    run0 = attention.NSAPlan.run
+
+    def timed_run(self, *a, **k):
+        t = time.perf_counter()
+        o = run0(self, *a, **k)
+        attn[0] += time.perf_counter() - t
+        return o
+    attention.NSAPlan.run = timed_run
+    logits, chunks = r.prefill(ids, taps=drafter.taps)
+    root = int(logits.argmax())
+    taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
+    root_logp = drafter.commit(taps, torch.tensor(ids[1:] + [root]))
+    t = {k: [] for k in ("ar", "ar_attn", "draft", "verify", "verify_attn", "accept", "commit", "round")}
+    mal = []
+    for _ in range(rounds):
+        attn[0] = 0.0
+        t0 = time.perf_counter()
+        r.forward(torch.tensor([root]), StepMeta.chain(r.length, 1), taps=drafter.taps)   # not committed
+        t["ar"].append(time.perf_counter() - t0)
+        t["ar_attn"].append(attn[0])
+        attn[0] = 0.0
+        t0 = time.perf_counter()
+        tree, _ = spec.draft(drafter, root, root_logp, opts)
+        t1 = time.perf_counter()
+        logits, vt = spec.verify(r, tree, opts, taps=drafter.taps)
+        t2 = time.perf_counter()
+        res = spec.accept(tree, logits, params, gen)
+        t3 = time.perf_counter()
+        root_logp = spec.commit(r, drafter, res, vt)
+        t4 = time.perf_counter()
+        root = res.bonus
+        mal.append(len(res.tokens) + 1)
+        for k, v in (("draft", t1 - t0), ("verify", t2 - t1), ("verify_attn", attn[0]), ("accept", t3 - t2),
+                     ("commit", t4 - t3), ("round", t4 - t0)):
+            t[k].append(v)
+    med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+    for k, v in med.items():
+        print(f"{k:12s} {v:8.1f} ms")
+    print(f"round / AR step {med['round'] / med['ar']:.2f}; MAL {statistics.mean(mal):.2f}")
+    if out:
+        json.dump(dict(context=P, rounds=rounds, threads=torch.get_num_threads(), ms=med, mal=statistics.mean(mal)),
+                  open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(int(a[0]) if a else 2048, int(a[1]) if len(a) > 1 else 12, a[2] if len(a) > 2 else None)

@@ -1,0 +1,149 @@
+"""NSA for a few new tokens on the CPU: `nsa_naive`'s math in a fixed, small number of batched torch ops.
+
+The reference rebuilds every step-constant mask (block membership over all cache slots, windows,
+candidates) in every layer and runs two full-length softmaxes per branch pair: on the 2-core CPU at
+2K that was ~50 of an AR step's ~80 ms, nearly all of it op overhead, not arithmetic. Here
+`CpuStep` computes what depends only on the step (positions, tree mask, prefix length) once, and
+`nsa_cpu` runs per layer: compressed scores as one batched matmul (prefix blocks from the cache's
+incrementally kept k_cmp, path blocks from the step's weights), routing, then one masked softmax
+over all visible slots (the "union" gating's selected blocks and window are disjoint parts of one
+softmax, so merging two log-sum-exps is the same as attending once over their union).
+Gatings "union" and "gated"; "union_cmp" stays on the reference (`supported`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ssv.config import NSAConfig
+from ssv.ops.nsa.naive import compress_mean, num_cmp_blocks
+
+NEG_INF = float("-inf")
+
+
+def supported(cfg: NSAConfig, device) -> bool:
+    return cfg.gating in ("union", "gated") and torch.device(device).type == "cpu"
+
+
+class CpuStep:
+    """The step-constant tensors of N new tokens over a committed prefix (see `nsa_naive`'s arguments)."""
+
+    def __init__(self, prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor, cfg: NSAConfig):
+        P, n, dev = int(prefix_len), positions.numel(), positions.device
+        self.P, self.n, self.cfg = P, n, cfg
+        l, st, ls = cfg.cmp_block, cfg.cmp_stride, cfg.slc_block
+        pos = positions.long()
+        self.L = L = P + n
+        pos_slot = torch.cat([torch.arange(P, device=dev), pos])                        # [L]
+        vis = torch.cat([torch.ones(n, P, dtype=torch.bool, device=dev), tree_mask.bool()], 1)   # [N, L]
+        max_pos = int(pos.max())
+        self.nb_pre = nb_pre = num_cmp_blocks(P, cfg)
+        nb_all = num_cmp_blocks(max_pos + 1, cfg)
+        self.nbs = nbs = max_pos // ls + 1
+        # path-specific compression blocks: each query's mean over the slots its own path puts there
+        self.s0 = s0 = nb_pre * st
+        self.n_path = nb_all - nb_pre
+        if self.n_path:
+            start = torch.arange(nb_pre, nb_all, device=dev)[:, None] * st
+            ps = pos_slot[None, s0:]
+            memb = (ps >= start) & (ps < start + l)                                        # [NBp, L - s0]
+            self.w = (vis[:, None, s0:] & memb[None]).float() / l                          # [N, NBp, L - s0]
+        ci = torch.arange(nb_all, device=dev)
+        self.cvalid = (ci[None] * st + l - 1) <= pos[:, None]                             # [N, NB]
+        self.all_cmp = bool(self.cvalid.all())
+        j = torch.arange(nbs, device=dev)
+        # overlap[i, j]: compression block i shares a token with selection block j
+        self.overlap = ((ci[:, None] * st < (j[None] + 1) * ls) & (ci[:, None] * st + l > j[None] * ls)).float()
+        self.not_cand = ((j[None] * ls) > pos[:, None])[:, None]                          # [N, 1, NBs]
+        cur = (pos // ls)[:, None]
+        forced = (j[None] > cur - cfg.forced_local) & (j[None] <= cur)
+        if cfg.forced_first:
+            forced = forced | (j[None] == 0)
+        self.forced = forced[:, None]                                                     # [N, 1, NBs]
+        self.vis = vis
+        self.win = vis & (pos_slot[None] > pos[:, None] - cfg.window)                     # [N, L]
+        self.tok_blk = pos_slot // ls                                                     # [L]
+        self.scale: Optional[float] = None
+
+
+def select_blocks_cpu(imp: torch.Tensor, step: CpuStep) -> torch.Tensor:
+    """`select_blocks` with the step's forced blocks: [N, Hkv, NBs] -> [N, Hkv, n] ascending, -1 padded."""
+    cfg, nbs = step.cfg, step.nbs
+    key = imp.masked_fill(step.forced & (imp > NEG_INF), math.inf)
+    # stable sort on the negated key keeps equal keys in index order: the reference's tie-break
+    order = torch.sort(-key, dim=-1, stable=True).indices[..., : cfg.n_select]
+    idx = torch.sort(order.masked_fill(torch.gather(key, -1, order) == NEG_INF, nbs), dim=-1).values
+    idx.masked_fill_(idx == nbs, -1)
+    if idx.shape[-1] < cfg.n_select:
+        idx = torch.cat([idx, idx.new_full((*idx.shape[:2], cfg.n_select - idx.shape[-1]), -1)], -1)
+    return idx
+
+
+def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_cmp: Optional[torch.Tensor] = None,
+            v_cmp: Optional[torch.Tensor] = None, gates: Optional[torch.Tensor] = None,
+            block_indices: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None):
+    """q [N, Hq, D]; k, v [Hkv, >= L, D] (the step's tokens in slots [P, P + N)); k_cmp / v_cmp [Hkv, >= nb, D]
+    the prefix's compressed blocks (pooled here if None); gates [N, Hq, 3] for "gated"; block_indices
+    [N, Hkv, n] to reuse a routing. Returns (o [N, Hq, D] fp32, written into `out` if given; block indices)."""
+    cfg, n, L = step.cfg, step.n, step.L
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k.shape[0]
+    g = hq // hkv
+    gated = cfg.gating == "gated"
+    scale = d ** -0.5 if scale is None else scale
+    kf, vf = k[:, :L].float(), v[:, :L].float()
+    qh = q.float().view(n, hkv, g, d).transpose(0, 1).reshape(hkv, n * g, d)          # [Hkv, N*G, D]
+
+    need_cmp = block_indices is None or gated
+    if need_cmp:
+        if k_cmp is None:
+            k_cmp, v_cmp = compress_mean(kf, step.nb_pre, cfg), compress_mean(vf, step.nb_pre, cfg)
+        kc_pre, vc_pre = k_cmp[:, : step.nb_pre].float(), v_cmp[:, : step.nb_pre].float()
+        s_cmp = torch.bmm(qh, kc_pre.transpose(1, 2)).view(hkv, n, g, -1)                 # [Hkv, N, G, NBpre]
+        if step.n_path:
+            kc_path = torch.einsum("nbs,hsd->hnbd", step.w, kf[:, step.s0:])               # [Hkv, N, NBp, D]
+            s_cmp = torch.cat([s_cmp, torch.einsum("hngd,hnbd->hngb", qh.view(hkv, n, g, d), kc_path)], -1)
+        s_cmp = (s_cmp * scale).masked_fill_(~step.cvalid[None, :, None], NEG_INF)
+        # a query with no complete block yet attends to nothing here: its row is all zero, not NaN
+        p_cmp = torch.softmax(s_cmp, -1)
+        if not step.all_cmp:
+            p_cmp.nan_to_num_(0.0)
+
+    if block_indices is None:
+        imp = torch.matmul(p_cmp.sum(2), step.overlap).transpose(0, 1)                    # [N, Hkv, NBs]
+        imp = imp.masked_fill(step.not_cand, NEG_INF)
+        idx = select_blocks_cpu(imp, step)
+    else:
+        idx = block_indices.long()
+
+    sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
+    sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
+    in_sel = sel[:, :, step.tok_blk] & step.vis[:, None]                                  # [N, Hkv, L]
+    s_tok = torch.bmm(qh, kf.transpose(1, 2)).view(hkv, n, g, L).mul_(scale)
+    if gated:
+        # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
+        o_slc = _softmax_v(s_tok, in_sel.transpose(0, 1)[:, :, None], vf, hkv, n, g).nan_to_num_(0.0)
+        o_win = _softmax_v(s_tok, step.win[None, :, None], vf, hkv, n, g)
+        vc = vc_pre[:, None].expand(-1, n, -1, -1)
+        if step.n_path:
+            vc = torch.cat([vc, torch.einsum("nbs,hsd->hnbd", step.w, vf[:, step.s0:])], 2)
+        o_cmp = torch.einsum("hngb,hnbd->hngd", p_cmp, vc)
+        gt = gates.float().view(n, hkv, g, 3).permute(3, 1, 0, 2)[..., None]              # [3, Hkv, N, G, 1]
+        o = gt[0] * o_cmp + gt[1] * o_slc.view(hkv, n, g, d) + gt[2] * o_win.view(hkv, n, g, d)
+    else:
+        keep = (in_sel | step.win[:, None]).transpose(0, 1)[:, :, None]                   # [Hkv, N, 1, L]
+        o = _softmax_v(s_tok, keep, vf, hkv, n, g)
+    o = o.view(hkv, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
+    if out is None:
+        return o.contiguous(), idx
+    out.copy_(o)
+    return out, idx
+
+
+def _softmax_v(s: torch.Tensor, keep: torch.Tensor, v: torch.Tensor, hkv: int, n: int, g: int) -> torch.Tensor:
+    """Softmax of s [Hkv, N, G, L] over the kept slots (never none: a query sees itself) times v -> [Hkv, N*G, D]."""
+    p = torch.softmax(s.masked_fill(~keep, NEG_INF), -1)
+    return torch.bmm(p.view(hkv, n * g, -1), v)

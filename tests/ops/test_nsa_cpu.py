@@ -1,0 +1,73 @@
+"""`nsa_cpu` (the CPU's batched NSA) against `nsa_naive` on fresh random inputs: chains and draft trees
+(also out of parent-first order), odd head counts and dims, prefixes shorter than a compression block,
+path blocks that complete inside the tree, the cache's compressed blocks or none, reused routing,
+gated gating; outputs pre-filled with NaN must be fully written, slots after the step never read."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ssv.config import NSAConfig
+from ssv.ops.nsa.cpu import CpuStep, nsa_cpu, supported
+from ssv.ops.nsa.naive import compress_mean, nsa_naive, num_cmp_blocks
+from tests.ops.test_nsa_naive import chain, make_inputs, permute_tree, random_parents, tree_from_parents
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=8, n_select=4, window=12)
+
+
+def _tree(seed: int, P: int, N: int):
+    rng = random.Random(seed)
+    pos, mask = tree_from_parents(P, random_parents(rng, N, roots=1, bushy=0.5))
+    perm = list(range(N))
+    rng.shuffle(perm)
+    return permute_tree(pos, mask, perm)
+
+
+def _check(seed, P, N, hkv, g, D, cfg, tree=True, use_cmp=True, gated=False):
+    cfg = NSAConfig(**{**vars(cfg), "gating": "gated" if gated else cfg.gating})
+    q, k, v, gates = make_inputs(seed, P, N, hkv, g, D, extra=5)
+    k[:, P + N:], v[:, P + N:] = float("nan"), float("nan")           # after the step: never read
+    pos, mask = _tree(seed, P, N) if tree else chain(P, N)
+    nb = num_cmp_blocks(P, cfg)
+    kc = compress_mean(k[:, :P], nb, cfg) if use_cmp else None
+    vc = compress_mean(v[:, :P], nb, cfg) if use_cmp else None
+    want = nsa_naive(q, k, v, P, pos, mask, cfg, gates=gates, k_cmp=kc, v_cmp=vc)
+    step = CpuStep(P, pos, mask, cfg)
+    out = torch.full((N, hkv * g, D), float("nan"))
+    got, idx = nsa_cpu(q, k, v, step, kc, vc, gates=gates, out=out)
+    assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
+    torch.testing.assert_close(got, want.o, **TOL)
+    assert torch.equal(idx, want.block_indices)
+    # a reused routing (another layer's, or a group's) is taken as given
+    other = want.block_indices.flip(0)
+    again = nsa_naive(q, k, v, P, pos, mask, cfg, gates=gates, block_indices=other, k_cmp=kc, v_cmp=vc)
+    got2, idx2 = nsa_cpu(q, k, v, step, kc, vc, gates=gates, block_indices=other)
+    torch.testing.assert_close(got2, again.o, **TOL)
+    assert torch.equal(idx2, other)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_trees_small_blocks(seed):
+    rng = random.Random(100 + seed)
+    P, N = rng.randrange(0, 90), rng.randrange(1, 14)
+    hkv, g, D = rng.choice([1, 2, 3]), rng.choice([1, 3, 4]), rng.choice([8, 24])
+    _check(seed, P, N, hkv, g, D, SMALL, tree=seed % 3 != 0, use_cmp=seed % 2 == 0)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("P,N", [(0, 1), (5, 3), (31, 2), (200, 1), (203, 7), (333, 17)])
+def test_default_config(P, N, gated):
+    _check(P + N, P, N, 3, 3, 16, NSAConfig(window=64), tree=N > 2, gated=gated)
+
+
+def test_prefill_chunk_and_long_prefix():
+    _check(7, 700, 64, 2, 2, 16, NSAConfig(window=128), tree=False)
+    _check(8, 1100, 4, 3, 3, 64, NSAConfig(), tree=True)
+
+
+def test_supported():
+    assert supported(NSAConfig(), "cpu") and supported(NSAConfig(gating="gated"), "cpu")
+    assert not supported(NSAConfig(gating="union_cmp"), "cpu") and not supported(NSAConfig(), "meta")
