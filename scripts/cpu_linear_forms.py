@@ -1,7 +1,7 @@
-"""The CPU's inference linear forms side by side (fp32, this machine's threads): F.linear (x @ W.T),
-(W @ x.T).T (ssv's CPU form before cpu-fast) and x @ W.T-contiguous (the cached transposed weight,
-`ssv.model.layers.linear` now), for the default model's matrices at 1 / 4 / 8 rows; hot (one weight,
-repeated) and cold (60 distinct weights in turn, as a step streams its layers). Medians in us.
+"""The CPU's inference linear forms side by side (fp32, this machine's threads): F.linear (x @ W.T, what
+the model runs), (W @ x.T).T (ssv's CPU form before 2026-12-03) and x @ W.T-contiguous (a transposed
+copy of the weight), for the default model's matrices at 1 / 4 / 8 rows; hot (one weight, repeated)
+and cold (60 distinct weights in turn, as a step streams its layers). Medians in us.
 
     python scripts/cpu_linear_forms.py
 """

@@ -6,7 +6,6 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ssv.config import ModelConfig, RopeConfig
 
@@ -65,30 +64,6 @@ def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor
     return hit[1]
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
-    """F.linear, except for inference on the CPU: there it multiplies by a cached contiguous W.T ([in, out],
-    a plain row-major GEMM). MKL's x @ W.T takes a slow path for a few rows and (W @ x.T).T, the form used
-    before, is 1.3-3.5x slower than x @ W.T-contiguous at 4 rows for every layer matrix
-    (scripts/cpu_linear_forms.py, 2-core CPU, fp32); in a 2K verification step of 4 tree nodes the
-    switch took the step from 88 to 68 ms (scripts/cpu_round_costs.py), one row no slower."""
-    if x.is_cuda or x.dim() != 2 or torch.is_grad_enabled():
-        return F.linear(x, w, b)
-    wt = _transposed(w)
-    return torch.mm(x, wt) if b is None else torch.addmm(b, x, wt)
-
-
-_WT = WeakIdKeyDictionary()   # by identity: a tensor's == is elementwise
-
-
-def _transposed(w: torch.Tensor) -> torch.Tensor:
-    """w.T made contiguous, kept while w lives and is not modified (a trained weight is re-copied)."""
-    key = (w.data_ptr(), w._version, w.shape)
-    hit = _WT.get(w)
-    if hit is None or hit[0] != key:
-        hit = _WT[w] = (key, w.detach().t().contiguous())
-    return hit[1]
-
-
 def fused_glue(x: torch.Tensor) -> bool:
     """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run, and
     so does anything that records gradients (the kernels have no backward: training keeps autograd)."""
@@ -103,7 +78,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return linear(F.silu(linear(x, self.gate_proj.weight)) * linear(x, self.up_proj.weight), self.down_proj.weight)
+        return F.linear(F.silu(F.linear(x, self.gate_proj.weight)) * F.linear(x, self.up_proj.weight), self.down_proj.weight)
 
 
 class Attention(nn.Module):
@@ -135,13 +110,13 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, plan, cache):
         n = x.shape[0]
         c = self.cfg
-        q = apply_rope(linear(x, self.q_proj.weight, self.q_proj.bias).view(n, c.n_heads, c.head_dim), cos, sin)
-        k = apply_rope(linear(x, self.k_proj.weight, self.k_proj.bias).view(n, c.n_kv_heads, c.head_dim), cos, sin)
-        v = linear(x, self.v_proj.weight, self.v_proj.bias).view(n, c.n_kv_heads, c.head_dim)
+        q = apply_rope(F.linear(x, self.q_proj.weight, self.q_proj.bias).view(n, c.n_heads, c.head_dim), cos, sin)
+        k = apply_rope(F.linear(x, self.k_proj.weight, self.k_proj.bias).view(n, c.n_kv_heads, c.head_dim), cos, sin)
+        v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(n, c.n_kv_heads, c.head_dim)
         cache.write_slots(self.layer, k, v, plan.slots(cache, n))
         gates = torch.sigmoid(self.g_proj(x).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
         o = plan.run(self.layer, q, cache, gates)
-        return linear(o.reshape(n, -1).to(x.dtype), self.o_proj.weight)
+        return F.linear(o.reshape(n, -1).to(x.dtype), self.o_proj.weight)
 
 
 class Block(nn.Module):

@@ -5,10 +5,11 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ssv.cache import KVCache
 from ssv.config import ModelConfig
-from ssv.model.layers import Block, RMSNorm, fused_glue, linear, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import Block, RMSNorm, fused_glue, rope_cos_sin, rope_inv_freq
 
 
 class Transformer(nn.Module):
@@ -62,7 +63,7 @@ class Transformer(nn.Module):
             # rounding them turns near-ties into exact ties, which speculative and AR decoding break
             # differently (measured: most GPU divergences from `ar` had a bf16 margin of 0)
             return torch.mm(x, w.T, out_dtype=torch.float32)
-        return linear(x, w).float()
+        return F.linear(x, w).float()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
                 logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):
