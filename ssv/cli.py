@@ -126,16 +126,17 @@ def _engine(args, runner, drafter=None):
     return DeviceEngine(runner, drafter, graphs=args.device == "cuda" and not args.eager)
 
 
-# The default trees (depth, top-k, nodes). On the 2-core CPU a step's cost grows with its rows (4 rows
-# ~1.0 AR step, 16 ~1.75, 48 ~3.4: bench/results/cpu-step-costs.json), so `--mode ssv` there drafts a
-# 4-node tree: 1.23x / 1.03x ar on code / prose at 1K, where 4x4x16 was 0.65x / 0.76x
-# (bench/results/spec-cpu-small-trees.json).
+# The default trees (depth, top-k, nodes, the root included). On the 2-core CPU MKL's fp32 GEMM streams
+# the weights at up to 3 rows but takes a slower kernel from 4 (the tied 49152 x 576 head 4.8 ms at 3
+# rows, 8.0 at 4; a 2K target step 68 ms at 3 rows, 86 at 4), so `--mode ssv` there drafts 3-node
+# trees: at 2K, 2x2x3 ran 1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat in two
+# interleaved runs, where 4-node trees ran 0.87-1.06x (bench/results/spec-cpu-2k-small-trees-bae657d.json,
+# spec-cpu-2k-3node-trees-bae657d.json, --repeats 3 each).
 DEFAULT_TREE = (6, 8, 48)
-CPU_TREE = (3, 3, 4)
+CPU_TREE = (2, 2, 3)
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
-# costs ~2.1 AR steps (bench/results/e2e-cuda.json); the CPU's 4-node round 1.05-1.51 (its MAL over
-# its speedup: spec-cpu-small-trees.json at 1K, spec-cpu-2k-3x3x4.json at 2K; 1.00-1.01 timed online
-# on make demo's prompt, demo-cpu.json), so there the prompt's estimate is compared with 1.3, not 2.0.
+# costs ~2.1 AR steps (bench/results/e2e-cuda.json); the CPU's 3-node round 1.27-1.35 (its MAL over
+# its speedup in the runs above), so there the prompt's estimate is compared with 1.3, not 2.0.
 CPU_BREAK_EVEN = 1.3
 
 
