@@ -5,7 +5,7 @@ once; `run(layer, q, cache, gates)` only attends. Model files never decide how a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -134,7 +134,6 @@ class NSAPlan(_HostSlots):
         if self.record is not None:
             self.record.append(_record(layer, m, idx))
         return out.o.to(q.dtype)
-
 
     def _run_cpu(self, layer, q, cache, gates, kc, vc) -> torch.Tensor:
         reuse = None if self.opts.refreshes(layer) else self._indices

@@ -35,7 +35,7 @@ class CpuStep:
         self.P, self.n, self.cfg = P, n, cfg
         l, st, ls = cfg.cmp_block, cfg.cmp_stride, cfg.slc_block
         pos = positions.long()
-        self.L = L = P + n
+        self.L = P + n
         pos_slot = torch.cat([torch.arange(P, device=dev), pos])                        # [L]
         vis = torch.cat([torch.ones(n, P, dtype=torch.bool, device=dev), tree_mask.bool()], 1)   # [N, L]
         max_pos = int(pos.max())
