@@ -35,7 +35,7 @@ def setup():
         return eval_spec(target, drafter, docs, CONTEXTS, 8, TreeSpec(3, 2, 6), which={"ssv strict"},
                          make_runner=lambda att: Runner(target, attention=att, nsa=NSA), warmup=2,
                          temperatures=temperatures, seed=seed)
-    return docs, run, run([0.0, 0.7])
+    return docs, run, run([0.0, 0.7]), (target, drafter)
 
 
 def test_family_documents_build_each_familys_prompts_at_each_context(setup):
@@ -71,8 +71,27 @@ def test_greedy_strict_rows_are_identical_to_ar(setup):
     assert all(r["min_top2_margin"] >= 0 for r in ar)
 
 
+def test_device_round_rows_match_the_host_rounds(setup):
+    """--device-round runs ar and the modes on the DeviceEngine (what `ssv generate` runs): greedy, the
+    same tokens as the host round's rows (fp32 on the CPU) and as ar; ar without top-2 margins."""
+    docs, _, host, (target, drafter) = setup
+    rows = eval_spec(target, drafter, docs, CONTEXTS, 8, TreeSpec(3, 2, 6), which={"ssv strict"},
+                     make_runner=lambda att: Runner(target, attention=att, nsa=NSA), temperatures=[0.0],
+                     device_round=True)
+    key = lambda r: (r["family"], r["context"], r["mode"])   # noqa: E731
+    host = {key(r): r for r in host if r["temperature"] == 0.0}
+    assert len(rows) == len(host) == 8
+    for r in rows:
+        h = host[key(r)]
+        assert r["mean_accepted_length"] == h["mean_accepted_length"]
+        if r["mode"] == "ar":
+            assert r["min_top2_margin"] is None
+        else:
+            assert r["first_diff_vs_ar"] is None and r["tokens"] == 8 and r["rounds"] == h["rounds"]
+
+
 def test_repeats_interleave_runs_and_summarize_by_median(setup):
-    docs, _, _ = setup
+    docs, _, _, _ = setup
     target = tiny_target()
     drafter = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
     rows = eval_spec(target, drafter, {"code": docs["code"]}, CONTEXTS[:1], 6, TreeSpec(3, 2, 6),
@@ -92,7 +111,7 @@ def test_repeats_interleave_runs_and_summarize_by_median(setup):
 
 
 def test_sampled_rows_have_no_first_difference_and_are_seeded(setup):
-    _, run, rows = setup
+    _, run, rows, _ = setup
     sampled = [r for r in rows if r["temperature"] == 0.7]
     assert len(sampled) == 8 and all(r["first_diff_vs_ar"] is None for r in sampled)
     assert all(r["ar_margin_at_diff"] is None for r in sampled if r["mode"] != "ar")

@@ -132,7 +132,8 @@ def first_diff(a: list, b: list):
 
 def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
-              warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1) -> list:
+              warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1,
+              device_round: bool = False) -> list:
     """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
     token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
     family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
@@ -140,13 +141,29 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     that many tokens in every mode at every temperature (untimed), so kernel compilation and
     launch-config tuning do not land in the first document's tokens/s. Sampling uses `seed` in every
     run (reproducible on the host). repeats > 1: each document's `ar` run and mode runs are repeated
-    in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`."""
+    in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`.
+    device_round: every run on a `DeviceEngine` (what `ssv generate` runs; graphed on CUDA), no AR
+    fall-back; ar then records no top-2 margins (they need the host step)."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
     docs = docs if isinstance(docs, dict) else {"code": docs}
     params = {float(t): SamplingParams(temperature=float(t)) for t in temperatures}   # bad values fail here
     cut = lambda doc, L: doc[L] if isinstance(doc, dict) else doc[:L]  # noqa: E731
+
+    def engine(runner, drafter=None):
+        if not device_round:
+            return None
+        from ssv.engine.device_round import DeviceEngine
+        return DeviceEngine(runner, drafter)
+
+    def run_ar(ids, sp, n, margins=False):
+        r = make_runner("nsa")
+        return generate_ar(r, ids, sp, n, seed=seed, margins=margins and not device_round, engine=engine(r))
+
+    def run_spec(att, ids, sp, n, opts):
+        r = make_runner(att)
+        return generate_spec(r, drafter, ids, sp, n, opts, seed=seed, engine=engine(r, drafter))
     rows = []
     n_layers = model.cfg.n_layers
     table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees).items()
@@ -155,22 +172,23 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     if warmup and first is not None and contexts:
         ids = cut(first, contexts[0])
         for sp in params.values():
-            generate_ar(make_runner("nsa"), ids, sp, warmup, seed=seed)
+            run_ar(ids, sp, warmup)
             for att, opts in table.values():
-                generate_spec(make_runner(att), drafter, ids, sp, warmup, opts, seed=seed)
+                run_spec(att, ids, sp, warmup, opts)
     items = [(family, d, doc) for family, fdocs in docs.items() for d, doc in enumerate(fdocs)]
     for L in contexts:   # context-major: a run cut short still covers every family
         for (family, d, doc), (T, sp) in itertools.product(items, params.items()):
             ids, greedy = cut(doc, L), sp.greedy
             for rep in range(repeats):
                 base = dict(family=family, context=L, temperature=T, doc=d, rep=rep, prompt_tokens=len(ids))
-                ar = generate_ar(make_runner("nsa"), ids, sp, new_tokens, seed=seed, margins=greedy)
+                ar = run_ar(ids, sp, new_tokens, margins=greedy)
                 ar_tps = ar.stats["tokens_per_second"]
-                margin = min(ar.stats["top2_margins"]) if greedy else None
+                margins = ar.stats.get("top2_margins")
+                margin = min(margins) if greedy and margins else None
                 rows.append(dict(base, mode="ar", mean_accepted_length=1.0, tokens_per_second=ar_tps,
                                  first_diff_vs_ar=None, min_top2_margin=margin))
                 for name, (att, opts) in table.items():
-                    sd = generate_spec(make_runner(att), drafter, ids, sp, new_tokens, opts, seed=seed)
+                    sd = run_spec(att, ids, sp, new_tokens, opts)
                     st = sd.stats
                     # sampled: the tokens differ from ar's by design, there is no first difference
                     diff = first_diff(ar.token_ids, sd.token_ids) if greedy else None
@@ -180,7 +198,7 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
                                      tokens_per_second=st["tokens_per_second"],
                                      speedup_vs_ar=st["tokens_per_second"] / max(ar_tps, 1e-9),
                                      first_diff_vs_ar=diff,
-                                     ar_margin_at_diff=None if diff is None else ar.stats["top2_margins"][diff]))
+                                     ar_margin_at_diff=None if diff is None or not margins else margins[diff]))
                     if progress:
                         print(rows[-1], file=sys.stderr, flush=True)
                     if on_row:
@@ -259,6 +277,8 @@ def add_args(p) -> None:
     p.add_argument("--warmup", type=int, default=8, help="untimed tokens per mode before measuring (0: none)")
     p.add_argument("--extra-trees", nargs="*", default=[], metavar="D,K,N",
                    help="also measure ssv strict with these tree shapes (depth,top-k,tokens), for the profile")
+    p.add_argument("--device-round", action="store_true",
+                   help="run ar and every mode on the device-resident round, as `ssv generate` does (no fall-back)")
     p.add_argument("--out", default="bench/results")
 
 
@@ -305,7 +325,8 @@ def cmd_bench_spec(args) -> int:
     rows = eval_spec(model, drafter, docs, args.contexts, args.new_tokens, tree, progress=True,
                      make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
-                     extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats)
+                     extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats,
+                     device_round=args.device_round)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature
