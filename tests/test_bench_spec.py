@@ -176,3 +176,10 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     fails(base + ["--families", "chat"], capsys, "only 'code'")
     fails(base + ["--prompts", tmp_path / "none.json"], capsys, "none.json")
     fails(base + ["--temperatures", -0.5], capsys, "temperature")
+    # --device-round: the same rows through the DeviceEngine (greedy: the host round's MALs, ar's tokens)
+    succeeds(base + ["--prompts", prompts, "--families", "code", "--temperatures", 0, "--device-round"], capsys)
+    dr = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert dr["args"]["device_round"] is True and all(r["first_diff_vs_ar"] is None for r in dr["rows"])
+    host = {(s["family"], s["mode"]): s["mean_accepted_length"] for s in d["summary"] if s["temperature"] == 0.0}
+    assert {(s["family"], s["mode"]): s["mean_accepted_length"] for s in dr["summary"]} == {
+        k: v for k, v in host.items() if k[0] == "code"}
