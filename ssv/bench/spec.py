@@ -142,8 +142,9 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     launch-config tuning do not land in the first document's tokens/s. Sampling uses `seed` in every
     run (reproducible on the host). repeats > 1: each document's `ar` run and mode runs are repeated
     in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`.
-    device_round: every run on a `DeviceEngine` (what `ssv generate` runs; graphed on CUDA), no AR
-    fall-back; ar then records no top-2 margins (they need the host step)."""
+    device_round: every run on a `DeviceEngine` (what `ssv generate` runs), no AR fall-back; ar then
+    records no top-2 margins (they need the host step). Each run builds its own engine, so on CUDA its
+    graph captures fall inside the run: `ssv bench e2e` is the CUDA end-to-end benchmark."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
@@ -151,11 +152,11 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     params = {float(t): SamplingParams(temperature=float(t)) for t in temperatures}   # bad values fail here
     cut = lambda doc, L: doc[L] if isinstance(doc, dict) else doc[:L]  # noqa: E731
 
-    def engine(runner, drafter=None):
+    def engine(runner, head=None):
         if not device_round:
             return None
         from ssv.engine.device_round import DeviceEngine
-        return DeviceEngine(runner, drafter)
+        return DeviceEngine(runner, head)
 
     def run_ar(ids, sp, n, margins=False):
         r = make_runner("nsa")
@@ -278,7 +279,8 @@ def add_args(p) -> None:
     p.add_argument("--extra-trees", nargs="*", default=[], metavar="D,K,N",
                    help="also measure ssv strict with these tree shapes (depth,top-k,tokens), for the profile")
     p.add_argument("--device-round", action="store_true",
-                   help="run ar and every mode on the device-resident round, as `ssv generate` does (no fall-back)")
+                   help="run ar and every mode on the device-resident round, as `ssv generate` does (no "
+                        "fall-back; for the CPU: on CUDA use `ssv bench e2e`, which captures graphs once)")
     p.add_argument("--out", default="bench/results")
 
 
