@@ -225,10 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the host-driven round (tree, acceptance and commits on the CPU) instead of the device one")
     sd = g.add_argument_group("speculative decoding (--mode sd-naive | ssv)")
     sd.add_argument("--draft", default="default", help="EAGLE-3 head folder ('default': the shipped head)")
-    sd.add_argument("--tree-depth", type=int, help="default 6 (--mode ssv on the CPU: 4, its measured profile)")
-    sd.add_argument("--tree-topk", type=int, help="default 8 (--mode ssv on the CPU: 4)")
-    sd.add_argument("--tree-tokens", type=int, help="nodes verified per round, root included; default 48 "
-                    "(--mode ssv on the CPU: 16)")
+    sd.add_argument("--tree-depth", type=int,
+                    help=f"default {DEFAULT_TREE[0]} (--mode ssv on the CPU: {CPU_TREE[0]}, its measured profile)")
+    sd.add_argument("--tree-topk", type=int, help=f"default {DEFAULT_TREE[1]} (--mode ssv on the CPU: {CPU_TREE[1]})")
+    sd.add_argument("--tree-tokens", type=int, help=f"nodes verified per round, root included; default "
+                    f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: {CPU_TREE[2]})")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
