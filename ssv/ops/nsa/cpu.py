@@ -122,11 +122,10 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
     in_sel = sel[:, :, step.tok_blk] & step.vis[:, None]                                  # [N, Hkv, L]
-    s_tok = torch.bmm(qh, kf.transpose(1, 2)).view(hkv, n, g, L).mul_(scale)
     if gated:
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
-        o_slc = _softmax_v(s_tok, in_sel.transpose(0, 1)[:, :, None], vf, hkv, n, g).nan_to_num_(0.0)
-        o_win = _softmax_v(s_tok, step.win[None, :, None], vf, hkv, n, g)
+        o_slc, o_win = _token_branches(qh, kf, vf, scale, (in_sel, step.win[:, None]), hkv, n, g)
+        o_slc.nan_to_num_(0.0)
         vc = vc_pre[:, None].expand(-1, n, -1, -1)
         if step.n_path:
             vc = torch.cat([vc, torch.einsum("nbs,hsd->hnbd", step.w, vf[:, step.s0:])], 2)
@@ -134,8 +133,7 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         gt = gates.float().view(n, hkv, g, 3).permute(3, 1, 0, 2)[..., None]              # [3, Hkv, N, G, 1]
         o = gt[0] * o_cmp + gt[1] * o_slc.view(hkv, n, g, d) + gt[2] * o_win.view(hkv, n, g, d)
     else:
-        keep = (in_sel | step.win[:, None]).transpose(0, 1)[:, :, None]                   # [Hkv, N, 1, L]
-        o = _softmax_v(s_tok, keep, vf, hkv, n, g)
+        (o,) = _token_branches(qh, kf, vf, scale, (in_sel | step.win[:, None],), hkv, n, g)
     o = o.view(hkv, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
     if out is None:
         return o.contiguous(), idx
@@ -143,7 +141,26 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
     return out, idx
 
 
-def _softmax_v(s: torch.Tensor, keep: torch.Tensor, v: torch.Tensor, hkv: int, n: int, g: int) -> torch.Tensor:
-    """Softmax of s [Hkv, N, G, L] over the kept slots (never none: a query sees itself) times v -> [Hkv, N*G, D]."""
-    p = torch.softmax(s.masked_fill(~keep, NEG_INF), -1)
-    return torch.bmm(p.view(hkv, n * g, -1), v)
+# The token branches' scores [Hkv, N, G, L] are a prefill chunk's largest tensor: once they outgrow
+# the caches every pass over them (the product, the mask, the softmax, the product) runs at memory
+# speed (a 256-token chunk at 4K: 38 MB, its q.k product 6x the time of one at 2K), so long chunks
+# attend in blocks of rows that keep them near this many scores. A decode or verify step is one block.
+SCORE_BLOCK = 1 << 21
+
+
+def _token_branches(qh, kf, vf, scale: float, keeps: tuple, hkv: int, n: int, g: int) -> list:
+    """Per mask in `keeps` ([N, Hkv or 1, L] bool: the slots each query attends to, never none), the
+    softmax of the token scores over the kept slots times v: [Hkv, N*G, D] each, in blocks of rows."""
+    L, d = kf.shape[1], qh.shape[-1]
+    rows = max(1, SCORE_BLOCK // (hkv * g * L))
+    q4, kt = qh.view(hkv, n, g, d), kf.transpose(1, 2)
+    outs = [[] for _ in keeps]
+    for n0 in range(0, n, rows):
+        nb = min(rows, n - n0)
+        s = torch.bmm(q4[:, n0:n0 + nb].reshape(hkv, nb * g, d), kt).view(hkv, nb, g, L).mul_(scale)
+        for i, keep in enumerate(keeps):
+            drop = ~keep[n0:n0 + nb].transpose(0, 1)[:, :, None]                           # [Hkv, nb, 1, L]
+            # the last mask may overwrite the scores in place: nothing reads them after it
+            sm = s.masked_fill_(drop, NEG_INF) if i == len(keeps) - 1 else s.masked_fill(drop, NEG_INF)
+            outs[i].append(torch.bmm(torch.softmax(sm, -1).view(hkv, nb * g, L), vf))
+    return [o[0] if len(o) == 1 else torch.cat(o, 1) for o in outs]
