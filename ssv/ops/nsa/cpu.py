@@ -121,7 +121,11 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
-    in_sel = sel[:, :, step.tok_blk] & step.vis[:, None]                                  # [N, Hkv, L]
+    # the prefix's slots lie in their blocks in order: a block mask widened by repeat (a gather over
+    # every slot cost a 4K prefill chunk ~5 ms a layer); the step's own slots by their positions
+    P, ls = step.P, step.cfg.slc_block
+    pre = sel[:, :, : -(-P // ls)].repeat_interleave(ls, dim=2)[:, :, :P]
+    in_sel = torch.cat([pre, sel[:, :, step.tok_blk[P:]]], 2) & step.vis[:, None]          # [N, Hkv, L]
     if gated:
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
         o_slc, o_win = _token_branches(qh, kf, vf, scale, (in_sel, step.win[:, None]), hkv, n, g)
