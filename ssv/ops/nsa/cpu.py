@@ -64,7 +64,7 @@ class CpuStep:
         self.forced = forced[:, None]                                                     # [N, 1, NBs]
         self.vis = vis
         self.win = vis & (pos_slot[None] > pos[:, None] - cfg.window)                     # [N, L]
-        self.tok_blk = pos_slot // ls                                                     # [L]
+        self.new_blk = pos // ls                                                          # [N] the step's slots' blocks
         self.scale: Optional[float] = None
 
 
@@ -121,11 +121,13 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
-    # the prefix's slots lie in their blocks in order: a block mask widened by repeat (a gather over
-    # every slot cost a 4K prefill chunk ~5 ms a layer); the step's own slots by their positions
+    # the prefix's slots lie in their blocks in order and every query sees them: the block mask widened
+    # by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer); the step's own slots
+    # by their positions, where the tree mask decides
     P, ls = step.P, step.cfg.slc_block
     pre = sel[:, :, : -(-P // ls)].repeat_interleave(ls, dim=2)[:, :, :P]
-    in_sel = torch.cat([pre, sel[:, :, step.tok_blk[P:]]], 2) & step.vis[:, None]          # [N, Hkv, L]
+    own = sel[:, :, step.new_blk] & step.vis[:, None, P:]
+    in_sel = torch.cat([pre, own], 2)                                                     # [N, Hkv, L]
     if gated:
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
         o_slc, o_win = _token_branches(qh, kf, vf, scale, (in_sel, step.win[:, None]), hkv, n, g)
@@ -153,8 +155,9 @@ SCORE_BLOCK = 1 << 21
 
 
 def _token_branches(qh, kf, vf, scale: float, keeps: tuple, hkv: int, n: int, g: int) -> list:
-    """Per mask in `keeps` ([N, Hkv or 1, L] bool: the slots each query attends to, never none), the
-    softmax of the token scores over the kept slots times v: [Hkv, N*G, D] each, in blocks of rows."""
+    """Per mask in `keeps` ([N, Hkv or 1, L] bool: the slots each query attends to), the softmax of the
+    token scores over the kept slots times v: [Hkv, N*G, D] each, in blocks of rows (a query with no
+    kept slot gets NaN, which the gated branch zeroes)."""
     L, d = kf.shape[1], qh.shape[-1]
     rows = max(1, SCORE_BLOCK // (hkv * g * L))
     q4, kt = qh.view(hkv, n, g, d), kf.transpose(1, 2)
