@@ -15,7 +15,7 @@ import torch
 
 from ssv.ops.accept.naive import accept_greedy_walk_naive
 from ssv.spec.accept import probs_unchecked
-from ssv.spec.tree import ORDERS, TreeSpec
+from ssv.spec.tree import ORDERS, TreeSpec, top_k_stable
 
 # BFS/DFS orders sort by a key of sibling ranks packed one digit per level (rank + 1 <= top_k, so
 # top_k.bit_length() bits a digit) above the depth: that must fit an int64.
@@ -70,24 +70,21 @@ def _stable_top(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = 
 
 def _vocab_top(lp: torch.Tensor, k: int, ids: Optional[torch.Tensor] = None, clamp: bool = False):
     """`_stable_top` over vocabulary rows of float32 log-probs: on CUDA one Triton launch
-    (ssv/ops/topk), or for rows past its size one top-k of an int64 key that orders by value, then
-    by the lower index (a top-k, whose capture was checked on the H200; a long-row sort's was not).
+    (ssv/ops/topk); for rows past its size and on the CPU `top_k_stable`, one top-k of an int64 key
+    that orders by value, then by the lower index (a top-k, whose capture was checked on the H200; a
+    long-row sort's was not; on the CPU no sort of the row).
     Values are ranked in float32 (what log_softmax gives; exact for their float64).
     ids: indices returned as ids[index] (token ids of a draft vocabulary); clamp: values capped at
     0 (log-probs a rounding put above 0). The kernel does both in its launch."""
-    v = lp.shape[-1]
     if lp.is_cuda and lp.dim() == 2:
         from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
-        if v <= MAX_V:
+        if lp.shape[-1] <= MAX_V:
             return vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
-        bits = lp.float().view(torch.int32)
-        key32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long()      # order-preserving
-        idx = torch.arange(v, device=lp.device)
-        top = torch.topk((key32 << 32) | (v - 1 - idx), k, dim=-1).values
-        t = (v - 1) - (top & 0xFFFFFFFF)
-        vals = lp.gather(-1, t).double()
-    else:
+    if lp.is_cuda and lp.dim() != 2:
         vals, t = _stable_top(lp.double(), k)
+    else:
+        vals, t = top_k_stable(lp, k)
+        vals = vals.double()
     return (vals.clamp_max(0.0) if clamp else vals), (t if ids is None else ids[t])
 
 
