@@ -128,7 +128,8 @@ def _engine(args, runner, drafter=None):
 
 # The default trees (depth, top-k, nodes, the root included). On the 2-core CPU MKL's fp32 GEMM streams
 # the weights at up to 3 rows but takes a slower kernel from 4 (the tied 49152 x 576 head 4.8 ms at 3
-# rows, 8.0 at 4; a 2K target step 68 ms at 3 rows, 86 at 4), so `--mode ssv` there drafts 3-node
+# rows, 7.8 at 4; a 2K target step 67 ms at 3 rows, 86 at 4: bench/results/cpu-prefill/
+# prefill-8fd468b-run2.json), so `--mode ssv` there drafts 3-node
 # trees: at 2K, 2x2x3 ran 1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat in two
 # interleaved runs, where 4-node trees ran 0.87-1.06x (bench/results/spec-cpu-2k-small-trees-bae657d.json,
 # spec-cpu-2k-3node-trees-bae657d.json, --repeats 3 each).
