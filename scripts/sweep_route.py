@@ -19,8 +19,7 @@ import probe_route as pr  # noqa: E402
 import ssv.ops.nsa.route as route  # noqa: E402
 import ssv.ops.nsa.route_policy as policy  # noqa: E402
 
-KERNELS = ("nsa_route_lse_fwd_kernel", "nsa_route_imp_fwd_kernel", "nsa_route_topk_fwd_kernel",
-           "nsa_route_fused_fwd_kernel")
+KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_topk_fwd_kernel", "nsa_route_fused_fwd_kernel")
 ORIG = {k: getattr(route, k) for k in KERNELS}
 COMPILED = {}
 
@@ -41,9 +40,9 @@ class Override:
         return launch
 
 
-def variant(lse=None, imp=None, topk=None, topk_elems=None, slot_tile=None):
-    for name, o in (("nsa_route_lse_fwd_kernel", lse), ("nsa_route_imp_fwd_kernel", imp),
-                    ("nsa_route_topk_fwd_kernel", topk), ("nsa_route_fused_fwd_kernel", None)):
+def variant(score=None, topk=None, topk_elems=None, slot_tile=None):
+    for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_topk_fwd_kernel", topk),
+                    ("nsa_route_fused_fwd_kernel", None)):
         setattr(route, name, Override(name, **(o or {})))
     policy.TOPK_ELEMS = topk_elems or 512
     policy.SLOT_TILE = slot_tile or 128
@@ -51,8 +50,8 @@ def variant(lse=None, imp=None, topk=None, topk_elems=None, slot_tile=None):
 
 LONG = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 65536, 48), ("llama3.1-8b", 16384, 64),
         ("smollm2-135m", 8192, 48)]
-VARIANTS = [("policy", {}, {})] + [
-    (f"sb{sb} split{ns}", dict(n_split=ns), dict(slot_tile=sb)) for sb in (128, 64, 32) for ns in (7, 8, 10)]
+VARIANTS = [("policy", {}, {})] + [(f"topk {w} warps", {}, dict(topk=dict(num_warps=w))) for w in (1, 2, 4, 8)] + [
+    (f"split{ns}", dict(n_split=ns), {}) for ns in (4, 16)] + [("score 8 warps", {}, dict(score=dict(num_warps=8)))]
 SHORT = [("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48), ("smollm2-135m", 4096, 48),
          ("smollm2-135m", 1024, 1), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 4096, 64)]
 FORMS = [("fused", dict(fused=True), {}), ("split", dict(fused=False), {}),

@@ -274,6 +274,7 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (4, 200, 12, 2, 2, 16, 2, dict(cmp_block=16, cmp_stride=16, slc_block=16)),
     (5, 517, 40, 2, 8, 64, None, dict(n_select=5)),
     (6, 300, 6, 1, 2, 16, 2, dict(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)),  # A - 1 = R
+    (7, 1100, 5, 1, 2, 16, 2, {}),   # 5 tiles of 64 compression blocks over 2 splits: several tile maxima a program
 ])
 @pytest.mark.parametrize("form", ["split", "split, bisection", "fused"])
 def test_route_matches_reference(case, dtype, form, monkeypatch):

@@ -3,13 +3,14 @@
 The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Two forms:
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
-  split (long caches), flash-decoding style so that the keys spread over the whole GPU:
-    1. `nsa_route_lse_fwd_kernel`  (query group, KV head, split): partial softmax states, the
-       compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
-    2. `nsa_route_imp_fwd_kernel`  (query group, KV head, split): the final log-sum-exp, then the
-       importance of a range of whole selection blocks;
-    3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
-       blocks, top-n with ties to the lower index, ascending compaction.
+  split (long caches), flash-decoding style so that the keys spread over the whole GPU, one sweep of
+    the keys:
+    1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states and each
+       head's sums per selection block against its tile's max, the compressed blocks' splits and
+       then one a path-specific block (scored from the cache's slots);
+    2. `nsa_route_topk_fwd_kernel` (query chunk, KV head): the final log-sum-exp, the importance
+       (the tiles' sums rescaled, summed over the group's heads), path-specific blocks, candidates,
+       forced blocks, top-n with ties to the lower index, ascending compaction.
 Both read the prefix length from device memory when it is given as a tensor.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Optional
 import torch
 
 from ssv.config import NSAConfig
-from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_imp_fwd_kernel,
-                                       nsa_route_lse_fwd_kernel, nsa_route_topk_fwd_kernel)
+from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_score_fwd_kernel,
+                                       nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.utils import pow2, sm_count
 
@@ -94,16 +95,17 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     l_part = torch.empty(nst, n, hq, **f32)
     a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
     sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
-    grid = (lp.n_groups, hkv, nst)
-    nsa_route_lse_fwd_kernel[grid](
-        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, n, nbp, lp.n_split, n_slots, k.shape[1], float(scale),
-        *kst, *pst, hq, **rows, SB=sb, NBPP=nbpp, num_warps=4)
-    nsa_route_imp_fwd_kernel[grid](
-        q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
-        float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), num_warps=4)
+    own_h = torch.empty(n, hq, nbs, **f32)  # per head, against its tile's max mt
+    tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h
+    mt = torch.empty(n, hq, -(-max(nbpre, 1) // lp.bc), **f32)
+    hst = (own_h.stride(1), mt.stride(1))
+    nsa_route_score_fwd_kernel[(lp.n_groups, hkv, nst)](
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
+        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
-        imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, NBPP=nbpp,
-        num_warps=lp.topk_warps)
+        own_h, tail_h, mt, sp, m_part, l_part, a_part, imp, tail, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
+        n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
+        R=r, A=a, **top, NBPP=nbpp, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
 
 
