@@ -33,13 +33,23 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt):
     nbpre = torch.tensor([nb], dtype=torch.int32)
     pp = torch.full((n, hkv, 1), float("nan"))   # no path-specific blocks: never read
     idx = torch.full((n, hkv, nsel), 99, dtype=torch.int32)
-    own = psum.clone().to(DEV)   # R = A = 1: no tail; the importance is written over it
-    t = [x.to(DEV) for x in (pp, npath, nbpre, pos, idx)]
+    # one head a KV head whose sums are the importance itself: tile maxima 0 and one softmax state
+    # with lse 0 make every tile's scale exp2(0 - 0) = 1 (R = A = 1: no overlap, no edge)
+    own_h = psum.clone()
+    mt = torch.zeros(n, hkv, -(-nb // 64))
+    m_in, l_in = torch.zeros(1, n, hkv), torch.ones(1, n, hkv)
+    own = torch.full((n, hkv, nbs), float("nan"))   # the importance is written here
+    lse = torch.full((n, hkv), float("nan"))
+    t = [x.to(DEV) for x in (own_h, mt, pp, m_in, l_in, own, npath, nbpre, pos, idx, lse)]
+    own_h, mt, pp, m_in, l_in, own, npath, nbpre, pos, idx, lse = t
     nsa_route_topk_fwd_kernel[(-(-n // qc), hkv)](
-        own, own, *t, n, nbs, own.stride(0), own.stride(1), t[0].stride(0), t[0].stride(1), t[4].stride(0),
-        t[4].stride(1), QC=qc, LS=16, R=1, A=1, BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1), SORTED=srt,
-        FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NBPP=1, NW=2, num_warps=1)
-    imp_k, idx_k = own.cpu(), t[4].cpu().long()
+        own_h, mt, mt, pp, m_in, l_in, m_in, own, pp, npath, nbpre, pos, idx, lse, lse,
+        n, 0, nbs, 1, hkv, own_h.stride(1), mt.stride(1), own.stride(0), own.stride(1), pp.stride(0), pp.stride(1),
+        idx.stride(0), idx.stride(1), G=1, D=16, BC=64, WANT_O=False, NSP=2, QC=qc, LS=16, R=1, A=1,
+        BJ=pow2(max(nbs, nsel)), NSEL=nsel, NSELP=pow2(nsel, 1), SORTED=srt, FORCED_FIRST=cfg.forced_first,
+        FORCED_LOCAL=cfg.forced_local, NBPP=1, NW=2, num_warps=1)
+    assert torch.equal(lse.cpu(), torch.zeros(n, hkv))
+    imp_k, idx_k = own.cpu(), idx.cpu().long()
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))
     assert torch.equal(imp_k, want_imp)
     assert torch.equal(idx_k, select_blocks(want_imp, pos, cfg))

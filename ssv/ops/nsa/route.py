@@ -71,7 +71,6 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
     pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
     imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
-    tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
     pp = torch.empty(n, hkv, max(nbp, 1), **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
@@ -85,6 +84,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
     if lp.fused:
+        tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
@@ -96,14 +96,14 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
     sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
     own_h = torch.empty(n, hq, nbs, **f32)  # per head, against its tile's max mt
-    tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h
     mt = torch.empty(n, hq, -(-max(nbpre, 1) // lp.bc), **f32)
+    edge = torch.empty_like(mt) if a > 1 else mt   # a tile's last block's overlap with the next
     hst = (own_h.stride(1), mt.stride(1))
     nsa_route_score_fwd_kernel[(lp.n_groups, hkv, nst)](
-        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, edge, mt, n, nbp, lp.n_split, nbs, n_slots,
         k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, num_warps=4)
     nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
-        own_h, tail_h, mt, sp, m_part, l_part, a_part, imp, tail, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
+        own_h, edge, mt, sp, m_part, l_part, a_part, imp, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
         R=r, A=a, **top, NBPP=nbpp, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)

@@ -82,7 +82,7 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     bm = max(16, cr * gp)                                 # tl.dot's smallest M
     cr = bm // gp
     n_groups = triton.cdiv(n, cr)
-    bc = max(64, r)
+    bc = max(64, 16 * r)   # >= 16 selection blocks a tile: the score kernel's shift product is a tl.dot
     bj = pow2(max(nbs, cfg.n_select))
     if fused:
         n_split = 1
@@ -96,6 +96,8 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         qc = max(1, min(cr, TOPK_ELEMS // bj))
     else:
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
-    warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
+    # the split top-n merges the group's heads into its rows first: wide rows want more threads
+    # (route-v5 sweep: 2,048 blocks 27 us at 4 warps, 37 at 2; 512 blocks 10.1 us at 1 warp, 10.6 at 4)
+    warps = 4 if srt else (1 if qc * bj <= 1024 else (4 if qc * bj <= 2048 else 8))
     return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1),
                        pow2(min(n_slots, SLOT_TILE)))
