@@ -84,8 +84,12 @@ def main(out, against=None):
                 return route.nsa_route(q, kc, vc, nb, kp, vp, npath, pos, cfg, max_pos=mp, **kw)
             return route.nsa_route(q, kc, vc, nb, k, k, w, s0, npath, pos, cfg, max_pos=mp, **kw)
         hq, hkv = SHAPES[shape][:2]
-        fused = plan_route(N, hq, hkv, nb, mp // cfg.slc_block + 1, cfg, sm_count(q.device)).fused
-        for name, kw in (("policy", {}), ("split" if fused else "fused", dict(fused=not fused))):
+        lp = plan_route(N, hq, hkv, nb, mp // cfg.slc_block + 1, cfg, sm_count(q.device))
+        fused, one = lp.fused, getattr(lp, "one_sweep", False)
+        forms = [("policy", {}), ("split" if fused else "fused", dict(fused=not fused))]
+        if hasattr(lp, "one_sweep"):   # packages from routing v5 on: the other split form too
+            forms.append(("two sweeps" if one else "one sweep", dict(fused=False, one_sweep=not one)))
+        for name, kw in forms:
             key = f"{shape} {T} {N} {name}"
             try:
                 us, per = timed(lambda: run(**kw))
@@ -94,8 +98,9 @@ def main(out, against=None):
                 continue
             idx, imp = (x.cpu() for x in run(**kw)[:2])
             sel[key] = idx
+            policy_form = "fused" if fused else ("split, one sweep" if one else "split")
             row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
-                       form=("fused" if fused else "split") if name == "policy" else name)
+                       form=policy_form if name == "policy" else name)
             if key in base:
                 row.update(idx_equal_base=torch.equal(idx, base[key]),
                            idx_diff_rows=int((idx != base[key]).any(-1).sum()))

@@ -19,7 +19,8 @@ import probe_route as pr  # noqa: E402
 import ssv.ops.nsa.route as route  # noqa: E402
 import ssv.ops.nsa.route_policy as policy  # noqa: E402
 
-KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_topk_fwd_kernel", "nsa_route_fused_fwd_kernel")
+KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_imp_fwd_kernel", "nsa_route_topk_fwd_kernel",
+           "nsa_route_merge_topk_fwd_kernel", "nsa_route_fused_fwd_kernel")
 ORIG = {k: getattr(route, k) for k in KERNELS}
 COMPILED = {}
 
@@ -41,7 +42,8 @@ class Override:
 
 
 def variant(score=None, topk=None, topk_elems=None, slot_tile=None):
-    for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_topk_fwd_kernel", topk),
+    for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_imp_fwd_kernel", None),
+                    ("nsa_route_topk_fwd_kernel", topk), ("nsa_route_merge_topk_fwd_kernel", topk),
                     ("nsa_route_fused_fwd_kernel", None)):
         setattr(route, name, Override(name, **(o or {})))
     policy.TOPK_ELEMS = topk_elems or 512

@@ -276,13 +276,17 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (6, 300, 6, 1, 2, 16, 2, dict(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)),  # A - 1 = R
     (7, 1100, 5, 1, 2, 16, 2, {}),   # 5 tiles of 64 compression blocks over 2 splits: several tile maxima a program
 ])
-@pytest.mark.parametrize("form", ["split", "split, bisection", "fused"])
+@pytest.mark.parametrize("form", ["split", "split, bisection", "split, two sweeps", "split, two sweeps, bisection",
+                                  "fused"])
 def test_route_matches_reference(case, dtype, form, monkeypatch):
-    """Both launch forms: the split one (KV splits, a top-n launch) and the fused one; the top-n of
-    short rows (bitonic) and of long ones (bisection)."""
+    """Every launch form: the split ones (KV splits, then a merging top-n launch, or an importance
+    sweep and a top-n launch) and the fused one; the top-n of short rows (bitonic) and of long
+    ones (bisection)."""
     import ssv.ops.nsa.route_policy as policy
     if "bisection" in form:
         monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)
+    if "two sweeps" in form:
+        monkeypatch.setattr(policy, "ONE_SWEEP_MAX_BLOCKS", 0)
     fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
     cfg = NSAConfig(**{**CFG, **over})

@@ -3,14 +3,19 @@
 The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Two forms:
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
-  split (long caches), flash-decoding style so that the keys spread over the whole GPU, one sweep of
-    the keys:
-    1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states and each
-       head's sums per selection block against its tile's max, the compressed blocks' splits and
-       then one a path-specific block (scored from the cache's slots);
-    2. `nsa_route_topk_fwd_kernel` (query chunk, KV head): the final log-sum-exp, the importance
-       (the tiles' sums rescaled, summed over the group's heads), path-specific blocks, candidates,
-       forced blocks, top-n with ties to the lower index, ascending compaction.
+  split (long caches), flash-decoding style so that the keys spread over the whole GPU:
+    1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states, the
+       compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
+       one-sweep form (rows up to ONE_SWEEP_MAX_BLOCKS selection blocks): also each head's sums per
+       selection block against its tile's max, then
+    2. `nsa_route_merge_topk_fwd_kernel` (query chunk, KV head): the final log-sum-exp, the
+       importance (the tiles' sums rescaled, summed over the group's heads), path-specific blocks,
+       candidates, forced blocks, top-n with ties to the lower index, ascending compaction;
+       two-sweep form (longer rows, where the per-head sums' traffic costs more than a second sweep):
+    2. `nsa_route_imp_fwd_kernel`  (the score launch's grid): the final log-sum-exp, then the
+       importance of a range of whole selection blocks from a second sweep of the keys;
+    3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
+       blocks, top-n.
 Both read the prefix length from device memory when it is given as a tensor.
 """
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Optional
 import torch
 
 from ssv.config import NSAConfig
-from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_score_fwd_kernel,
+from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_imp_fwd_kernel,
+                                       nsa_route_merge_topk_fwd_kernel, nsa_route_score_fwd_kernel,
                                        nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.utils import pow2, sm_count
@@ -29,7 +35,8 @@ from ssv.ops.utils import pow2, sm_count
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
-              n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None):
+              n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None,
+              one_sweep: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -39,7 +46,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
-    fused / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    fused / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
@@ -63,7 +70,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots)
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep)
     r, a, sb = lp.r, lp.a, lp.sb
     nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
@@ -71,6 +78,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     pos = positions if positions.dtype in (torch.int32, torch.int64) else positions.to(torch.int32)
     pos = pos.to(dev).contiguous()   # no copy when the plan already holds it on the device
     imp = torch.empty(n, hkv, nbs, **f32)   # each selection block's own part, then the importance
+    tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
     pp = torch.empty(n, hkv, max(nbp, 1), **f32)
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
@@ -84,7 +92,6 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
     if lp.fused:
-        tail = torch.empty(n, hkv, nbs, **f32) if a > 1 else imp
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
@@ -95,15 +102,28 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     l_part = torch.empty(nst, n, hq, **f32)
     a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
     sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
+    grid = (lp.n_groups, hkv, nst)
+    if not lp.one_sweep:
+        nsa_route_score_fwd_kernel[grid](
+            q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, imp, tail, lse, n, nbp, lp.n_split, nbs, n_slots,
+            k.shape[1], float(scale), *kst, *pst, hq, 0, 0, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=False,
+            num_warps=4)
+        nsa_route_imp_fwd_kernel[grid](
+            q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
+            float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), num_warps=4)
+        nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
+            imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, NBPP=nbpp,
+            num_warps=lp.topk_warps)
+        return idx, imp, lse, (o_cmp if want_o else None)
     own_h = torch.empty(n, hq, nbs, **f32)  # per head, against its tile's max mt
+    tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h
     mt = torch.empty(n, hq, -(-max(nbpre, 1) // lp.bc), **f32)
-    edge = torch.empty_like(mt) if a > 1 else mt   # a tile's last block's overlap with the next
     hst = (own_h.stride(1), mt.stride(1))
-    nsa_route_score_fwd_kernel[(lp.n_groups, hkv, nst)](
-        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, edge, mt, n, nbp, lp.n_split, nbs, n_slots,
-        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, num_warps=4)
-    nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
-        own_h, edge, mt, sp, m_part, l_part, a_part, imp, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
+    nsa_route_score_fwd_kernel[grid](
+        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
+        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True, num_warps=4)
+    nsa_route_merge_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
+        own_h, tail_h, mt, sp, m_part, l_part, a_part, imp, tail, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
         R=r, A=a, **top, NBPP=nbpp, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)

@@ -23,6 +23,12 @@ FUSED_MAX_ROWS = 16
 # bisection on long ones (21 us at 1,024 blocks against 51; 39 against 264 at 2,048)
 SORTED_MAX_BLOCKS = 256
 TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
+# one sweep of the keys (per-head sums against each tile's max, merged by the top-n launch) against
+# two (the log-sum-exp first, then the importance): H200, route-v5 probes, the same selections:
+# SmolLM2 4K/48 13.7 -> 10.8 us, 4K/1 10.3 -> 8.0, Llama 8K/64 24.1 -> 19.8, 16K/64 27.4 -> 23.6;
+# at 64K/64 (rows of 1,025 blocks) 49.1 -> 48.6 but the graphed verify step 6.74 -> 6.95 ms, and at
+# 128K 85.4 -> 124.3 us: the per-head sums' traffic, N * Hq * NBs floats twice, grows past a sweep
+ONE_SWEEP_MAX_BLOCKS = 1024
 SLOT_TILE = 128    # the step's slots per tile of the path blocks' scores (64, 32: within 2 us, route-v4)
 MAX_SELECTION_BLOCKS = 8192
 
@@ -42,6 +48,7 @@ class RouteLaunch:
     qc: int        # queries per top-n tile
     topk_warps: int
     sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
+    one_sweep: bool     # split form: one sweep of the keys (score + merging top-n) or two (+ imp)
     nselp: int
     sb: int        # slots per tile of the path blocks' scores
 
@@ -65,7 +72,8 @@ def path_window(nbpp: int, r: int, a: int) -> int:
 
 
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
-               n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0) -> RouteLaunch:
+               n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0,
+               one_sweep: Optional[bool] = None) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
     lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
     blocks average."""
@@ -82,7 +90,7 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     bm = max(16, cr * gp)                                 # tl.dot's smallest M
     cr = bm // gp
     n_groups = triton.cdiv(n, cr)
-    bc = max(64, 16 * r)   # >= 16 selection blocks a tile: the score kernel's shift product is a tl.dot
+    bc = max(64, r)
     bj = pow2(max(nbs, cfg.n_select))
     if fused:
         n_split = 1
@@ -96,8 +104,7 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         qc = max(1, min(cr, TOPK_ELEMS // bj))
     else:
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
-    # the split top-n merges the group's heads into its rows first: wide rows want more threads
-    # (route-v5 sweep: 2,048 blocks 27 us at 4 warps, 37 at 2; 512 blocks 10.1 us at 1 warp, 10.6 at 4)
-    warps = 4 if srt else (1 if qc * bj <= 1024 else (4 if qc * bj <= 2048 else 8))
-    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, pow2(cfg.n_select, 1),
-                       pow2(min(n_slots, SLOT_TILE)))
+    warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
+    one = not fused and (bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep)
+    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
+                       pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)))
