@@ -90,3 +90,19 @@ def test_fill_cache_leaves_the_compressed_blocks_of_its_keys():
     for layer in range(2):
         want = compress_mean(r.cache.k[layer, :, :150], r.cache.n_cmp, cfg)
         torch.testing.assert_close(r.cache.k_cmp[layer, :, : r.cache.n_cmp], want)
+
+
+def test_ar_margin_is_the_decode_steps_own_margin():
+    """The margin at a divergence comes from AR's own decode step at that token (the host steps'
+    record), for the context AR actually decoded; None when those steps pick other tokens."""
+    from ssv.bench.e2e import GREEDY, ar_margin
+    from ssv.engine.generate import generate_ar
+    model = make_tiny_model(seed=3)
+    runner = Runner(model, attention="nsa", max_len=128)
+    prompt = list(range(1, 40))
+    ref = generate_ar(runner, prompt, GREEDY, 9, margins=True)
+    for at in (0, 4, 8):
+        assert ar_margin(runner, prompt, ref.token_ids, at) == ref.stats["top2_margins"][at]
+    wrong = list(ref.token_ids)
+    wrong[2] = (wrong[2] + 1) % model.cfg.vocab_size
+    assert ar_margin(runner, prompt, wrong, 5) is None

@@ -94,11 +94,14 @@ def profile_rounds(engine: DeviceEngine, opts, rounds: int = 12) -> dict:
 
 
 def ar_margin(runner: Runner, prompt: list, ar_tokens: list, at: int):
-    """ar's top-2 logit margin at token `at` (teacher-forced over prompt + ar's first `at` tokens)."""
-    runner.reset()
-    logits, _ = runner.prefill(prompt + ar_tokens[:at])
-    top = logits.float().topk(2).values
-    return float(top[0] - top[1])
+    """ar's top-2 logit margin at token `at`, from its own decode step (`generate_ar`'s host steps,
+    which pick ar's tokens; None if they do not). Not a teacher-forced prefill's logits: in bf16
+    those differ from the step's (code 8K, token 53: 0.81 against the step's 0.17, bench/NOTES.md
+    "Session 20"), and the near-tie criterion is about the choice AR decoding made."""
+    res = generate_ar(runner, prompt, GREEDY, at + 1, margins=True)
+    if res.token_ids[:at] != list(ar_tokens[:at]):
+        return None
+    return res.stats["top2_margins"][at]
 
 
 def first_diff(a, b):
