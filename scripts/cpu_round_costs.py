@@ -1,13 +1,16 @@
 """Where a CPU ssv strict round's time goes at 2K (default model and head, fp32): one AR step against
-one 3x3x4 round (draft, verify, accept, commit), interleaved; the attention plan's share of each
+one round of the CPU's default tree (`ssv.cli.CPU_TREE`: draft, verify, accept, commit), interleaved; the attention plan's share of each
 forward timed by wrapping the plan's run. Prints ms medians, writes JSON.
 
     python scripts/cpu_round_costs.py [P] [rounds] [out.json]
 """
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -15,7 +18,7 @@ import torch
 
 import ssv.attention as attention
 from ssv.attention import StepMeta
-from ssv.cli import load_model
+from ssv.cli import CPU_TREE, load_model
 from ssv.draft import load_drafter
 from ssv.engine import spec
 from ssv.engine.runner import Runner
@@ -29,7 +32,7 @@ def main(P=2048, rounds=12, out=None):
     text = json.load(open(".stage/e2e-prompts.json"))["code"][0]
     ids = tok.encode(text)[:P]
     r = Runner(model, attention="nsa")
-    opts = spec.SpecOptions(tree=TreeSpec(depth=3, top_k=3, total_tokens=4))
+    opts = spec.SpecOptions(tree=TreeSpec(*CPU_TREE))
     params, gen = SamplingParams(temperature=0.0), torch.Generator().manual_seed(0)
     attn = [0.0]
     run0 = attention.NSAPlan.run
@@ -72,7 +75,11 @@ def main(P=2048, rounds=12, out=None):
         print(f"{k:12s} {v:8.1f} ms")
     print(f"round / AR step {med['round'] / med['ar']:.2f}; MAL {statistics.mean(mal):.2f}")
     if out:
-        json.dump(dict(context=P, rounds=rounds, threads=torch.get_num_threads(), ms=med, mal=statistics.mean(mal)),
+        commit = os.environ.get("SSV_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                                 capture_output=True, text=True).stdout.strip()
+        env = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(), commit=commit)
+        json.dump(dict(env=env, context=P, rounds=rounds, tree=CPU_TREE, threads=torch.get_num_threads(), ms=med,
+                       mal=statistics.mean(mal)),
                   open(out, "w"), indent=1)
 
 
