@@ -6,7 +6,7 @@ import torch
 
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import select_blocks
-from ssv.ops.nsa.route_kernels import nsa_route_merge_topk_fwd_kernel, nsa_route_topk_fwd_kernel
+from ssv.ops.nsa.route_split_kernels import nsa_route_merge_topk_fwd_kernel, nsa_route_topk_fwd_kernel
 from ssv.ops.utils import pow2
 
 from .test_nsa_kernels import CUDA, DEV

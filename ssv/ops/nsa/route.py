@@ -1,6 +1,7 @@
 """NSA routing for a batch of verification queries: compressed attention, importance, top-n.
 
-The launcher (kernels in route_kernels.py, launch policy in route_policy.py). Two forms:
+The launcher (kernels in route_kernels.py and route_split_kernels.py, launch policy in route_policy.py).
+Two forms:
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
   split (long caches), flash-decoding style so that the keys spread over the whole GPU:
@@ -25,9 +26,9 @@ from typing import Optional
 import torch
 
 from ssv.config import NSAConfig
-from ssv.ops.nsa.route_kernels import (nsa_route_fused_fwd_kernel, nsa_route_imp_fwd_kernel,
-                                       nsa_route_merge_topk_fwd_kernel, nsa_route_score_fwd_kernel,
-                                       nsa_route_topk_fwd_kernel)
+from ssv.ops.nsa.route_kernels import nsa_route_fused_fwd_kernel
+from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route_merge_topk_fwd_kernel,
+                                             nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.utils import pow2, sm_count
 
