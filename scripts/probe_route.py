@@ -1,6 +1,7 @@
 """Routing's time on the H200 for the shapes of a graphed round (the device plan's path weights, N // d + 1
 path blocks), the policy's form and the others (fused or split; one sweep or two): each variant
-replayed from a CUDA graph, each launch's device time (torch.profiler over eager calls). Prints a table, writes OUT.json and the selections to OUT.pt.
+replayed from a CUDA graph, each launch's device time (torch.profiler over eager calls). Prints a
+table, writes OUT.json and the selections to OUT.pt.
 
 An A/B against an earlier commit runs the same script over that commit's package, back to back on
 one machine (the inputs are seeded), then compares selections:
