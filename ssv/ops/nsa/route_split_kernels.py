@@ -50,6 +50,29 @@ def _score_range(b_q, kc, vc, own, tail, mt, i_lo, i_hi, o_d, o_row, m_r, NJO, s
 
 
 @triton.jit
+def _merge_splits(m_in, l_in, a_in, o_row, m_r, N, HQ, NSPLIT, o_d, with_o, ROWS: tl.constexpr, NSP: tl.constexpr,
+                  D: tl.constexpr, WANT_O: tl.constexpr):
+    # rows o_row = query * HQ + head: the score launch's NSPLIT partial states (m_in / l_in / a_in
+    # [splits, N, HQ(, D)]) merged, all splits' maxima and sums in one [NSP, rows] load each (one
+    # memory round trip, not one a split); the values (gated NSA) only `with_o`
+    o_sp = tl.arange(0, NSP)
+    p_sp = o_sp[:, None] * N * HQ + o_row[None, :]                                       # [NSP, ROWS]
+    m_sp = (o_sp < NSPLIT)[:, None] & m_r[None, :]
+    b_mp = tl.load(m_in + p_sp, mask=m_sp, other=float("-inf"))
+    b_m = tl.max(b_mp, 0)
+    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_l = tl.sum(tl.exp2(b_mp - b_ms[None, :]) * tl.load(l_in + p_sp, mask=m_sp, other=0.0), 0)
+    b_a = tl.zeros([ROWS, D], tl.float32)
+    if WANT_O:
+        if with_o:
+            for s in range(0, NSPLIT):
+                p_part = s * N * HQ + o_row
+                b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
+                b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+    return b_m, b_l, b_a
+
+
+@triton.jit
 def nsa_route_score_fwd_kernel(
     q, kc, vc, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out, own_h, tail_h, mt,
     N, NBP, NCS, NBS, S, L, scale,
@@ -121,30 +144,14 @@ def nsa_route_merge_topk_fwd_kernel(
     o_b = tl.arange(0, NBPP)
     b_np = tl.load(npath + o_q, mask=m_q, other=0)
     m_pb = m_q[:, None] & (o_b[None, :] < b_np[:, None]) & (o_b < NBP)[None, :]
-    o_sp = tl.arange(0, NSP)
-    m_sp = (o_sp < NSPLIT)[:, None] & m_q[None, :]
     o_d = tl.arange(0, D)
     b_own = tl.zeros([QC, BJ], tl.float32)
     b_tail = tl.zeros([QC, BJ], tl.float32)
     b_pp = tl.zeros([QC, NBPP], tl.float32)
     for g in tl.static_range(G):
         o_row = o_q * HQ + i_h * G + g                                                   # [QC]
-        p_sp = o_sp[:, None] * N * HQ + o_row[None, :]                                   # [NSP, QC]
-        b_mp = tl.load(m_in + p_sp, mask=m_sp, other=float("-inf"))
-        b_m = tl.max(b_mp, 0)
-        b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
-        b_l = tl.sum(tl.exp2(b_mp - b_ms[None, :]) * tl.load(l_in + p_sp, mask=m_sp, other=0.0), 0)
-        b_lse2 = tl.where(b_l > 0, b_ms + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))
-        tl.store(lse + o_row, b_lse2 * 0.6931471805599453, mask=m_q)
-        b_lsafe = tl.where(b_l > 0, b_lse2, 0.0)
-        if WANT_O:
-            b_a = tl.zeros([QC, D], tl.float32)
-            for s in range(0, NSPLIT):
-                p_part = s * N * HQ + o_row
-                b_w = tl.exp2(tl.load(m_in + p_part, mask=m_q, other=float("-inf")) - b_ms)
-                b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_q[:, None], other=0.0)
-            tl.store(o_cmp + o_row[:, None] * D + o_d[None, :], b_a / tl.where(b_l > 0, b_l, 1.0)[:, None],
-                     mask=m_q[:, None])
+        b_m, b_l, b_a = _merge_splits(m_in, l_in, a_in, o_row, m_q, N, HQ, NSPLIT, o_d, True, QC, NSP, D, WANT_O)
+        b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_q, i_h * G + g, m_q, o_d, HQ, True, D, WANT_O)
         b_f = tl.exp2(tl.load(mt + o_row[:, None] * s_mn + o_j[None, :] // JB, mask=m_oj, other=0.0)
                       - b_lsafe[:, None])                                                # [QC, BJ]
         p_r = o_row[:, None] * s_on + o_j[None, :]
@@ -177,21 +184,8 @@ def nsa_route_imp_fwd_kernel(
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
-    # all splits' states in one [NSP, BM] load each: one memory round trip, not one a split
-    o_sp = tl.arange(0, NSP)
-    p_sp = (o_sp[:, None] * N + o_qi[None, :]) * HQ + o_hq[None, :]
-    m_sp = (o_sp < NSPLIT)[:, None] & m_r[None, :]
-    b_mp = tl.load(m_in + p_sp, mask=m_sp, other=float("-inf"))                      # [NSP, BM]
-    b_m = tl.max(b_mp, 0)
-    b_ms = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_l = tl.sum(tl.exp2(b_mp - b_ms[None, :]) * tl.load(l_in + p_sp, mask=m_sp, other=0.0), 0)
-    b_a = tl.zeros([BM, D], tl.float32)
-    if WANT_O:
-        if i_s == 0:
-            for s in range(0, NSPLIT):
-                p_part = (s * N + o_qi) * HQ + o_hq
-                b_w = tl.exp2(tl.load(m_in + p_part, mask=m_r, other=float("-inf")) - b_ms)
-                b_a += b_w[:, None] * tl.load(a_in + p_part[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+    b_m, b_l, b_a = _merge_splits(m_in, l_in, a_in, o_qi * HQ + o_hq, m_r, N, HQ, NSPLIT, o_d, i_s == 0, BM, NSP, D,
+                                  WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
     if i_s < NCS:
