@@ -64,6 +64,24 @@ def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor
     return hit[1]
 
 
+def small_linear(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The fused step's GEMM x @ w.T takes the small-M Triton kernel (ssv/ops/linear), else cuBLAS."""
+    from ssv.ops.linear.policy import use_kernel
+    return use_kernel(x.shape[0], w.shape[0], w.shape[1], w.element_size())
+
+
+def linear(x, w, **kw):
+    from ssv.ops.linear.ops import linear as _linear   # lazily: Triton reads its mode at import
+    return _linear(x, w, **kw)
+
+
+def _add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x += a @ w.T in place (a residual), rounded once."""
+    if small_linear(a, w):
+        return linear(a, w, out=x, accumulate=True)
+    return x.addmm_(a, w.t())
+
+
 def fused_glue(x: torch.Tensor) -> bool:
     """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run, and
     so does anything that records gradients (the kernels have no backward: training keeps autograd)."""
@@ -103,7 +121,11 @@ class Attention(nn.Module):
             raise ValueError("an RMSNorm folds into a projection without bias only")
         w = _cat_cached(self, "_wqkv" if norm is None else "_wqkv_n", parts, None if norm is None else norm.weight)
         b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
-        q = rope_write(F.linear(x, w, b), cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
+        if b is None and small_linear(x, w):   # the norm's row scale inside the GEMM's launch
+            qkv, norm = linear(x, w, norm_eps=None if norm is None else norm.eps), None
+        else:
+            qkv = F.linear(x, w, b)
+        q = rope_write(qkv, cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
                        cache.v[self.layer], plan.slots(cache, n), norm=None if norm is None else (x, norm.eps))
         return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
 
@@ -137,10 +159,12 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def _forward_fused(self, x, cos, sin, plan, cache):
-        # 6 launches besides attention's: four GEMMs (two add the residual in place, one feeds one
-        # SwiGLU launch), one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
+        # 5 launches besides attention's: four GEMMs (two add the residual in place, one ends in
+        # SwiGLU: ssv/ops/linear for the small weights; cuBLAS and a SwiGLU launch for large ones),
+        # one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
         # rsqrt(mean(x^2) + eps) * (x @ (W * g).T), the weight g in the cached projection and the
-        # row scale applied by the RoPE and SwiGLU kernels (two launches a layer fewer; a projection
+        # row scale applied by the GEMM kernel, or the RoPE / SwiGLU kernels after cuBLAS (two
+        # launches a layer fewer; a projection
         # with a bias keeps its norm launch). In place: an out-of-place addmm copies the residual
         # into its output first, a kernel per GEMM; the caller keeps no reference to x it still
         # needs (Transformer clones its taps)
@@ -150,6 +174,10 @@ class Block(nn.Module):
             o = a.attend_fused(rmsnorm(x, n1.weight, n1.eps), cos, sin, plan, cache)
         else:
             o = a.attend_fused(x, cos, sin, plan, cache, norm=n1)
-        x.addmm_(o, a.o_proj.weight.t())
-        gu = F.linear(x, _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n2.weight))
-        return x.addmm_(swiglu(gu, norm=(x, n2.eps)), m.down_proj.weight.t())
+        _add_linear(x, o, a.o_proj.weight)
+        w_gu = _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n2.weight)
+        if small_linear(x, w_gu):   # SwiGLU (and the norm's row scale) inside the GEMM's launch
+            h = linear(x, w_gu, norm_eps=n2.eps, glu=True)
+        else:
+            h = swiglu(F.linear(x, w_gu), norm=(x, n2.eps))
+        return _add_linear(x, h, m.down_proj.weight)

@@ -1,0 +1,108 @@
+"""The small-M linear kernel against its plain-PyTorch twin (interpreter on the CPU, compiled on a GPU)."""
+import pytest
+import torch
+
+from ssv.ops.linear.naive import linear_naive
+from ssv.ops.linear.ops import linear
+from ssv.ops.linear.policy import MAX_ROWS, MAX_WEIGHT_BYTES, LinearLaunch, plan_linear, use_kernel
+
+from .test_nsa_kernels import CUDA, DEV, DTYPES
+
+DT = DTYPES[0]
+
+
+def _tol(k: int) -> dict:
+    # fp32: summation order over K; bf16 / fp16: one rounding of the result (METHOD.md's bf16 bound)
+    return dict(rtol=1e-4, atol=1e-4 * k ** 0.5) if DT == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def _case(m, n, k, glu, seed):
+    g = torch.Generator().manual_seed(seed)
+    # rows of very different scales (an un-normalized residual stream), weights at ~1/sqrt(K)
+    x = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 8).to(DT).to(DEV)
+    w = (torch.randn(2 * n if glu else n, k, generator=g) / k ** 0.5).to(DT).to(DEV)
+    res = torch.randn(m, n, generator=g).to(DT).to(DEV)
+    return x, w, res
+
+
+FORMS = {   # launch forms: the policy's, and forced ones that cross every tile edge
+    "policy": None,
+    "16x16x32": LinearLaunch(16, 16, 32, 4, 2),
+    "32x64x64": LinearLaunch(32, 64, 64, 4, 3),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("m,n,k", [(1, 24, 40), (1, 100, 200), (3, 100, 72), (17, 33, 130), (40, 96, 576)])
+@pytest.mark.parametrize("glu,norm,acc", [(False, False, False), (False, True, False), (False, False, True),
+                                          (True, True, False), (True, False, True)])
+def test_linear_matches_naive(form, m, n, k, glu, norm, acc):
+    x, w, res = _case(m, n, k, glu, m * 1000 + n + k)
+    eps = 1e-5 if norm else None
+    # the output a column range of a NaN-filled wider buffer: every element of the range is written
+    # (or read and written when accumulating), nothing beside it
+    buf = torch.full((m, n + 7), float("nan"), dtype=DT, device=DEV)
+    out = buf[:, 3:3 + n]
+    if acc:
+        out.copy_(res)
+    got = linear(x, w, out=out, accumulate=acc, norm_eps=eps, glu=glu, launch=FORMS[form])
+    want = linear_naive(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
+    assert got.data_ptr() == out.data_ptr()
+    assert buf[:, :3].isnan().all() and buf[:, 3 + n:].isnan().all()
+    torch.testing.assert_close(got, want, **_tol(k))
+
+
+def test_linear_norm_scales_by_the_rows_own_rms():
+    """norm_eps: RMSNorm(x) @ W.T with the norm's weight folded into W (`fold_norm`)."""
+    from ssv.ops.glue.naive import fold_norm, rmsnorm_naive
+    x, w, _ = _case(5, 48, 96, False, 3)
+    gw = (1 + 0.2 * torch.randn(96, generator=torch.Generator().manual_seed(1))).to(DT).to(DEV)
+    want = (rmsnorm_naive(x.float(), gw.float(), 1e-5) @ w.float().T)
+    torch.testing.assert_close(linear(x, fold_norm(w, gw), norm_eps=1e-5).float(), want, **_tol(96))
+
+
+def test_linear_refuses_bad_shapes():
+    x = torch.zeros(2, 8, device=DEV, dtype=DT)
+    with pytest.raises(ValueError, match="linear: x must be"):
+        linear(x, torch.zeros(4, 7, device=DEV, dtype=DT))
+    with pytest.raises(ValueError, match="linear: glu"):
+        linear(x, torch.zeros(5, 8, device=DEV, dtype=DT), glu=True)
+    with pytest.raises(ValueError, match="accumulate"):
+        linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), accumulate=True)
+    with pytest.raises(ValueError, match="linear: out"):
+        linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), out=torch.zeros(2, 5, device=DEV, dtype=DT))
+    with pytest.raises(ValueError, match="powers of two"):
+        linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), launch=LinearLaunch(8, 16, 64, 4, 2))
+
+
+def test_plan_linear_and_which_gemms_take_it():
+    assert plan_linear(1, 576, 576).bm == 16
+    lp = plan_linear(48, 960, 576)
+    assert lp.bm == 64 and lp.bk <= 576
+    assert use_kernel(1, 3072, 576) and use_kernel(MAX_ROWS, 576, 1536)
+    assert not use_kernel(MAX_ROWS + 1, 576, 576)
+    assert not use_kernel(1, 6144, 4096)          # the Llama-8B projections stay on cuBLAS
+    assert use_kernel(1, MAX_WEIGHT_BYTES // 2 // 64, 64) and not use_kernel(1, MAX_WEIGHT_BYTES // 2 // 64 + 1, 64)
+
+
+@pytest.mark.skipif(not CUDA, reason="the SmolLM2 shapes compiled need a GPU")
+@pytest.mark.parametrize("m", [1, 48])
+def test_linear_at_the_default_models_shapes_and_in_a_graph(m):
+    """Each GEMM of a SmolLM2 layer as the fused step runs it, eager and replayed from a CUDA graph."""
+    shapes = [(960, 576, False, True, False), (576, 576, False, False, True), (1536, 576, True, True, False),
+              (576, 1536, False, False, True)]
+    for n, k, glu, norm, acc in shapes:
+        x, w, res = _case(m, n, k, glu, n + k + m)
+        eps = 1e-5 if norm else None
+        want = linear_naive(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
+        out = res.clone()
+        got = linear(x, w, out=out, accumulate=acc, norm_eps=eps, glu=glu)
+        torch.testing.assert_close(got, want, **_tol(k))
+        out.copy_(res)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            linear(x, w, out=out, accumulate=acc, norm_eps=eps, glu=glu)
+        out.copy_(res)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, got, rtol=0, atol=0)
