@@ -1,9 +1,11 @@
-"""The decode step's GEMMs on the GPU: cuBLAS as the fused layer ran them before ssv/ops/linear (F.linear /
+"""The decode step's GEMMs on the GPU: cuBLAS as the fused layer runs them without ssv/ops/linear (F.linear /
 addmm_, and the SwiGLU launch after the gate|up GEMM) against the small-M Triton kernel at a grid of
 tiles. Each variant runs as a CUDA graph of one call per layer over distinct weights (so the weights
-stream from memory as in a step, not from L2). Prints a table, writes OUT.json.
+stream from memory as in a step, not from L2), and each tile's output is checked against the fp32
+twin first. Prints a table, writes OUT.json; --tiles PATH merges the kernel's best tiles into that
+table (ssv/ops/linear/tiles.json) for the GEMMs where they beat cuBLAS by 3% or more.
 
-    python3 scripts/probe_linear.py bench/results/linear/probe-linear-COMMIT.json [--quick]
+    python3 scripts/probe_linear.py bench/results/linear/probe-linear-COMMIT.json --tiles ssv/ops/linear/tiles.json
 """
 from __future__ import annotations
 
@@ -18,35 +20,42 @@ from torch.nn import functional as F
 
 from ssv.bench.kernels import environment
 from ssv.ops.glue.ops import swiglu
+from ssv.ops.linear.naive import linear_naive
 from ssv.ops.linear.ops import linear
-from ssv.ops.linear.policy import LinearLaunch, plan_linear, use_kernel
+from ssv.ops.linear.policy import LinearLaunch, default_launch, gemm_key, row_tile, table_entry
 
-# (gemm, N, K, glu, norm, accumulate) of one layer; N is the gate's width for glu
+# (hidden, intermediate, q|k|v width) of one layer
 LAYER = {"smollm2-135m": (576, 1536, 960), "llama3.1-8b": (4096, 14336, 6144)}
+MARGIN = 0.97
 
 
 def gemms(shape):
+    """(name, N, K, glu, norm, accumulate); N is the gate's width for glu."""
     h, i, qkv = LAYER[shape]
     return [("qkv", qkv, h, False, True, False), ("o", h, h, False, False, True), ("gate_up", i, h, True, True, False),
             ("down", h, i, False, False, True)]
 
 
 def configs(m: int, quick: bool):
-    bm = max(16, 1 << (m - 1).bit_length())
-    bks = (64, 128, 256) if m == 1 else (64, 128)
-    out = [LinearLaunch(bm, bn, bk, 4, s) for bn, bk, s in itertools.product((16, 32, 64), bks, (2, 3, 4))]
+    bm = row_tile(m)
+    if m == 1:
+        grid = itertools.product((16, 32), (64, 128, 256), (3, 4, 6, 8))
+    else:
+        grid = itertools.product((16, 32), (64, 128), (3, 4, 6))
+    out = [LinearLaunch(bm, bn, bk, 4, s) for bn, bk, s in grid]
     return out[:4] if quick else out
 
 
-def run(shape, m, layers, quick, rows):
+def run(shape, m, layers, quick, rows, best_out):
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, n, k, glu, norm, acc in gemms(shape):
         ws = [torch.randn(2 * n if glu else n, k, device=dev, generator=gen).mul_(k ** -0.5).bfloat16()
               for _ in range(layers)]
-        x = torch.randn(m, k, device=dev, generator=gen).bfloat16()
+        x = (torch.randn(m, k, device=dev, generator=gen) * 4).bfloat16()
         out = torch.zeros(m, n, device=dev, dtype=torch.bfloat16)
         eps = 1e-5 if norm else None
+        want = linear_naive(x, ws[0], out=torch.zeros_like(out) if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
 
         def cublas():
             for w in ws:
@@ -66,21 +75,30 @@ def run(shape, m, layers, quick, rows):
         base = triton.testing.do_bench_cudagraph(cublas, rep=100, return_mode="median") * 1e3 / layers
         rows.append(dict(shape=shape, gemm=name, m=m, impl="cublas", config=None, us=base,
                          weight_mb=ws[0].numel() * 2 / 1e6))
-        policy = plan_linear(m, n, k, 2, glu)
+        dflt = default_launch(m, k)
         best = None
-        for lp in [policy] + [c for c in configs(m, quick) if c != policy]:
+        for lp in [dflt] + [c for c in configs(m, quick) if c != dflt]:
             try:
+                got = linear(x, ws[0], out=torch.zeros_like(out) if acc else None, accumulate=acc, norm_eps=eps,
+                             glu=glu, launch=lp)
+                ok = bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
                 us = triton.testing.do_bench_cudagraph(triton_fn(lp), rep=100, return_mode="median") * 1e3 / layers
             except Exception as e:   # a tile that does not compile (shared memory): recorded, skipped
                 rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=lp.__dict__, error=str(e)[:200]))
                 continue
-            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=lp.__dict__, us=us,
-                             policy=lp == policy))
-            if best is None or us < best[1]:
+            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=lp.__dict__, us=us, matches=ok,
+                             default=lp == dflt))
+            if ok and (best is None or us < best[1]):
                 best = (lp, us)
-        pol = [r["us"] for r in rows if r.get("policy") and r["gemm"] == name and r["m"] == m and r["shape"] == shape]
-        print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  policy {pol[0]:7.2f}  best {best[1]:7.2f} "
-              f"{best[0].__dict__}  kernel used: {use_kernel(m, 2 * n if glu else n, k)}", flush=True)
+        if best is None:
+            print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  no tile matched the fp32 twin", flush=True)
+            continue
+        faster = best[1] < MARGIN * base
+        if faster:
+            best_out[gemm_key(m, n, k, glu, norm, acc)] = table_entry(best[0], best[1], base)
+        print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  best {best[1]:7.2f} "
+              f"(bn {best[0].bn}, bk {best[0].bk}, stages {best[0].stages})  {'kernel' if faster else 'cuBLAS'}",
+              flush=True)
         del ws
 
 
@@ -88,15 +106,24 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="4 tiles a case (a smoke run)")
-    p.add_argument("--shapes", nargs="+", default=list(LAYER))
+    p.add_argument("--shapes", nargs="+", default=["smollm2-135m"], choices=list(LAYER))
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 48])
+    p.add_argument("--tiles", help="merge the winning tiles into this table (its entry for this device replaced)")
     a = p.parse_args()
-    rows = []
+    rows, best = [], {}
     for shape in a.shapes:
-        for m in (1, 48):
-            run(shape, m, 30 if shape == "smollm2-135m" else 4, a.quick or shape != "smollm2-135m", rows)
+        for m in a.rows:
+            run(shape, m, 30 if shape == "smollm2-135m" else 4, a.quick, rows, best)
+    env = environment()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"env": environment(), "rows": rows}, f, indent=1)
+        json.dump({"env": env, "rows": rows, "tiles": best}, f, indent=1)
+    if a.tiles:
+        table = json.load(open(a.tiles)) if os.path.exists(a.tiles) else {}
+        table[env["device"]] = dict(sorted(best.items()), _measured=f"{env['date'][:10]} {env['commit']}")
+        with open(a.tiles, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+            f.write("\n")
 
 
 if __name__ == "__main__":

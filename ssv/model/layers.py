@@ -64,10 +64,13 @@ def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor
     return hit[1]
 
 
-def small_linear(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """The fused step's GEMM x @ w.T takes the small-M Triton kernel (ssv/ops/linear), else cuBLAS."""
-    from ssv.ops.linear.policy import use_kernel
-    return use_kernel(x.shape[0], w.shape[0], w.shape[1], w.element_size())
+def tuned_linear(x: torch.Tensor, w: torch.Tensor, glu: bool = False, norm: bool = False, acc: bool = False):
+    """The tiles of the small-M Triton kernel (ssv/ops/linear) for the fused step's GEMM x @ w.T on
+    x's device where its table lists them, else None: cuBLAS."""
+    from ssv.ops.linear.policy import tuned_launch
+    from ssv.ops.utils import device_name
+    n = w.shape[0] // 2 if glu else w.shape[0]
+    return tuned_launch(device_name(x.device), x.shape[0], n, w.shape[1], glu, norm, acc)
 
 
 def linear(x, w, **kw):
@@ -77,8 +80,9 @@ def linear(x, w, **kw):
 
 def _add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x += a @ w.T in place (a residual), rounded once."""
-    if small_linear(a, w):
-        return linear(a, w, out=x, accumulate=True)
+    lp = tuned_linear(a, w, acc=True)
+    if lp is not None:
+        return linear(a, w, out=x, accumulate=True, launch=lp)
     return x.addmm_(a, w.t())
 
 
@@ -121,8 +125,9 @@ class Attention(nn.Module):
             raise ValueError("an RMSNorm folds into a projection without bias only")
         w = _cat_cached(self, "_wqkv" if norm is None else "_wqkv_n", parts, None if norm is None else norm.weight)
         b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
-        if b is None and small_linear(x, w):   # the norm's row scale inside the GEMM's launch
-            qkv, norm = linear(x, w, norm_eps=None if norm is None else norm.eps), None
+        lp = tuned_linear(x, w, norm=norm is not None) if b is None else None
+        if lp is not None:   # the norm's row scale inside the GEMM's launch
+            qkv, norm = linear(x, w, norm_eps=None if norm is None else norm.eps, launch=lp), None
         else:
             qkv = F.linear(x, w, b)
         q = rope_write(qkv, cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
@@ -159,9 +164,9 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def _forward_fused(self, x, cos, sin, plan, cache):
-        # 5 launches besides attention's: four GEMMs (two add the residual in place, one ends in
-        # SwiGLU: ssv/ops/linear for the small weights; cuBLAS and a SwiGLU launch for large ones),
-        # one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
+        # 5-6 launches besides attention's: four GEMMs (two add the residual in place; the gate|up
+        # one ends in SwiGLU where ssv/ops/linear's table takes it, else cuBLAS and a SwiGLU
+        # launch), one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
         # rsqrt(mean(x^2) + eps) * (x @ (W * g).T), the weight g in the cached projection and the
         # row scale applied by the GEMM kernel, or the RoPE / SwiGLU kernels after cuBLAS (two
         # launches a layer fewer; a projection
@@ -176,8 +181,9 @@ class Block(nn.Module):
             o = a.attend_fused(x, cos, sin, plan, cache, norm=n1)
         _add_linear(x, o, a.o_proj.weight)
         w_gu = _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n2.weight)
-        if small_linear(x, w_gu):   # SwiGLU (and the norm's row scale) inside the GEMM's launch
-            h = linear(x, w_gu, norm_eps=n2.eps, glu=True)
+        lp = tuned_linear(x, w_gu, glu=True, norm=True)
+        if lp is not None:   # SwiGLU (and the norm's row scale) inside the GEMM's launch
+            h = linear(x, w_gu, norm_eps=n2.eps, glu=True, launch=lp)
         else:
             h = swiglu(F.linear(x, w_gu), norm=(x, n2.eps))
         return _add_linear(x, h, m.down_proj.weight)

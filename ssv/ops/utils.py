@@ -21,6 +21,16 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(device: torch.device) -> str:
+    """A CUDA device's name (tuned tile tables are keyed by it); "cpu" elsewhere."""
+    return _device_name(_index(device)) if device.type == "cuda" else device.type
+
+
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (asked once per device: the launches are per layer);
     4 stands in for the interpreter."""

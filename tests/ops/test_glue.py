@@ -176,3 +176,46 @@ def test_fused_model_forward_equals_eager_with_taps(monkeypatch):
         else:   # 4 layers of bf16 roundings, in another order where the norms are folded (H200:
             # 1.5e-2 in one tap; a fold that drops the norm weights, uniform in [0.5, 1.5], is ~0.3)
             assert not b.isnan().any() and ((b - a).norm() / a.norm()).item() < 3e-2
+
+
+def test_fused_block_with_the_linear_kernel_equals_eager(tmp_path, monkeypatch):
+    """The fused layer where the tile table lists its GEMMs for this device: q|k|v with the norm's row
+    scale, o_proj and down_proj adding the residual, gate|up ending in SwiGLU, all through
+    ssv/ops/linear, against the eager layer (cache writes included)."""
+    import json
+    import ssv.ops.linear.policy as policy
+    from ssv.ops.utils import device_name
+    model = make_tiny_model(0).to(DEV)
+    if DT != torch.float32:
+        model = model.to(DT)
+    c = model.cfg
+    h, q = c.hidden_size, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    n = 5
+    tile = dict(bn=16, bk=16, warps=4, stages=2)
+    keys = [policy.gemm_key(n, q, h, False, True, False), policy.gemm_key(n, h, c.n_heads * c.head_dim, False, False, True),
+            policy.gemm_key(n, c.intermediate_size, h, True, True, False),
+            policy.gemm_key(n, h, c.intermediate_size, False, False, True)]
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({device_name(torch.device(DEV)): {k: tile for k in keys}}))
+    monkeypatch.setattr(policy, "TILES", path)
+    from ssv.model.layers import tuned_linear
+    layer = model.layers[1]
+    with torch.no_grad():
+        layer.input_layernorm.weight.uniform_(0.5, 1.5)
+        layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    x0 = torch.zeros(n, h, device=DEV, dtype=DT)
+    assert tuned_linear(x0, layer.mlp.down_proj.weight, acc=True) is not None
+    outs = []
+    for fused in (False, True):
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.prefill(list(range(3, 20)))
+        meta = StepMeta.chain(r.length, n, device=DEV)
+        plan = r.plan(meta)
+        x = model.embed_tokens(torch.arange(n, device=DEV) + 30)
+        from ssv.model.layers import rope_cos_sin
+        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
+        with torch.no_grad():
+            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
+        outs.append((y, r.cache.k[1, :, : r.length + n].clone(), r.cache.v[1, :, : r.length + n].clone()))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, **TOL)

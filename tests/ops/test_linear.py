@@ -4,7 +4,7 @@ import torch
 
 from ssv.ops.linear.naive import linear_naive
 from ssv.ops.linear.ops import linear
-from ssv.ops.linear.policy import MAX_ROWS, MAX_WEIGHT_BYTES, LinearLaunch, plan_linear, use_kernel
+from ssv.ops.linear.policy import MAX_ROWS, LinearLaunch, default_launch, gemm_key, tuned_launch
 
 from .test_nsa_kernels import CUDA, DEV, DTYPES
 
@@ -75,14 +75,33 @@ def test_linear_refuses_bad_shapes():
         linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), launch=LinearLaunch(8, 16, 64, 4, 2))
 
 
-def test_plan_linear_and_which_gemms_take_it():
-    assert plan_linear(1, 576, 576).bm == 16
-    lp = plan_linear(48, 960, 576)
-    assert lp.bm == 64 and lp.bk <= 576
-    assert use_kernel(1, 3072, 576) and use_kernel(MAX_ROWS, 576, 1536)
-    assert not use_kernel(MAX_ROWS + 1, 576, 576)
-    assert not use_kernel(1, 6144, 4096)          # the Llama-8B projections stay on cuBLAS
-    assert use_kernel(1, MAX_WEIGHT_BYTES // 2 // 64, 64) and not use_kernel(1, MAX_WEIGHT_BYTES // 2 // 64 + 1, 64)
+def test_tuned_table_picks_listed_gemms_only(tmp_path):
+    """A GEMM takes the kernel only where the table lists it for this device, keyed by its row tile
+    and epilogue; everything else (other devices, shapes, flags, M past one verify tile) is cuBLAS."""
+    import json
+    path = tmp_path / "tiles.json"
+    key = gemm_key(1, 576, 1536, False, False, True)
+    path.write_text(json.dumps({"GPU X": {key: dict(bn=32, bk=128, warps=4, stages=6), "_measured": "x"}}))
+    lp = tuned_launch("GPU X", 1, 576, 1536, acc=True, path=path)
+    assert lp == LinearLaunch(16, 32, 128, 4, 6)
+    assert tuned_launch("GPU X", 9, 576, 1536, acc=True, path=path) == lp          # same row tile (16)
+    assert tuned_launch("GPU X", 17, 576, 1536, acc=True, path=path) is None      # row tile 32: unlisted
+    assert tuned_launch("GPU X", 1, 576, 1536, path=path) is None                 # no residual: another GEMM
+    assert tuned_launch("GPU Y", 1, 576, 1536, acc=True, path=path) is None
+    assert tuned_launch("GPU X", MAX_ROWS + 1, 576, 1536, acc=True, path=path) is None
+    assert default_launch(1, 576).bm == 16 and default_launch(48, 576).bm == 64
+
+
+def test_shipped_table_lists_only_small_weights():
+    """Every shipped entry is a GEMM of at most a verify tile of rows, whose tiles were timed against cuBLAS and won."""
+    import json
+    from ssv.ops.linear.policy import TILES
+    table = json.loads(TILES.read_text()) if TILES.exists() else {}
+    for device, entries in table.items():
+        for key, e in entries.items():
+            if key.startswith("_"):
+                continue
+            assert int(key.split("-")[0][2:]) <= MAX_ROWS and e["us"] < e["cublas_us"], (device, key)
 
 
 @pytest.mark.skipif(not CUDA, reason="the SmolLM2 shapes compiled need a GPU")

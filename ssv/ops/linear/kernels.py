@@ -25,16 +25,19 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
         b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)         # [BM, BK]
-        if NORM:
-            b_xf = b_x.to(tl.float32)
-            b_ss += tl.sum(b_xf * b_xf, 1)
         m_w = m_n[:, None] & m_k[None, :]
         b_w = tl.load(p_g + o_k[None, :], mask=m_w, other=0.0)                                  # [BN, BK]
         b_g += tl.dot(b_x, tl.trans(b_w), input_precision="ieee")                              # [BM, BN]
         if GLU:
             b_wu = tl.load(p_u + o_k[None, :], mask=m_w, other=0.0)
             b_u += tl.dot(b_x, tl.trans(b_wu), input_precision="ieee")
-    if NORM:   # the folded RMSNorm's row scale, from the rows this program already read
+    if NORM:
+        # the folded RMSNorm's row scale, from the rows (cache-hot by now) in a loop of its own: no
+        # cross-thread sum inside the weights' pipelined loop
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            b_xf = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
+            b_ss += tl.sum(b_xf * b_xf, 1)
         b_r = tl.math.rsqrt(b_ss / K + eps)[:, None]
         b_g, b_u = b_g * b_r, b_u * b_r
     if GLU:    # silu rounded to the activations' dtype before the product, as F.silu(g) * u

@@ -7,7 +7,7 @@ import torch
 import triton
 
 from ssv.ops.linear.kernels import linear_fwd_kernel
-from ssv.ops.linear.policy import LinearLaunch, plan_linear
+from ssv.ops.linear.policy import LinearLaunch, default_launch
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, accumulate: bool = False,
@@ -31,7 +31,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"linear: out must be [{m}, {n}] with contiguous rows, got {tuple(out.shape)}")
-    lp = plan_linear(m, n, k, x.element_size(), glu) if launch is None else launch
+    lp = default_launch(m, k) if launch is None else launch
     if lp.bm < 16 or lp.bm & (lp.bm - 1) or lp.bn < 16 or lp.bk < 16:
         raise ValueError(f"linear: tiles must be powers of two >= 16 (tl.dot), got {lp}")
     if m and n:

@@ -1,18 +1,25 @@
 """Launch policy of the small-M linear: which GEMMs take the Triton kernel, and its tiles.
 
-Decided from shapes only (M is fixed per captured graph: 1 for an AR step, the tree's size for a
-verify pass). cuBLAS keeps the rest: its GEMV-like kernels for M <= 64 take ~3.7-4.1 us at the
-135M model's shapes on the H200, where the weights' bytes need 0.2-0.9 us (bench/NOTES.md, "Linear").
+The fused layer takes the kernel only for a GEMM that `tiles.json` lists for the device it runs on:
+`scripts/probe_linear.py --tiles` times every GEMM of a decode step as cuBLAS ran it before (F.linear
+/ addmm_, and the SwiGLU launch after the gate|up GEMM) and the kernel over a grid of tiles, each in
+a CUDA graph of one call per layer over distinct weights, and lists the kernel's best tiles where
+they beat cuBLAS (vLLM's tuned-config files are the model). Anything unlisted stays on cuBLAS.
+M is fixed per captured graph (1 for an AR step, the tree's size for a verify pass); the table is
+keyed by its row tile.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 import triton
 
-MAX_ROWS = 64                  # a verify pass's tree (48 nodes) fits one row tile
-MAX_WEIGHT_BYTES = 8 << 20     # larger weights stream near copy bandwidth in cuBLAS already
+TILES = Path(__file__).with_name("tiles.json")
+MAX_ROWS = 64   # a verify pass's tree (48 nodes) fits one row tile
 
 
 @dataclass(frozen=True)
@@ -21,20 +28,42 @@ class LinearLaunch:
     bn: int       # output columns per program
     bk: int       # reduction chunk
     warps: int
-    stages: int
+    stages: int   # the weights' tiles in flight: the loop is bound by their latency
 
 
-def plan_linear(m: int, n: int, k: int, elem: int = 2, glu: bool = False, bn: Optional[int] = None,
-                bk: Optional[int] = None, warps: Optional[int] = None, stages: Optional[int] = None) -> LinearLaunch:
-    """m rows, n output columns (of the gate for glu), k the reduction; explicit tiles override."""
-    bm = max(16, triton.next_power_of_2(m))
-    if bn is None:
-        bn = 32
-    if bk is None:
-        bk = min(128 if m == 1 else 64, triton.next_power_of_2(k))
-    return LinearLaunch(bm, bn, bk, 4 if warps is None else warps, 3 if stages is None else stages)
+def row_tile(m: int) -> int:
+    return max(16, triton.next_power_of_2(m))
 
 
-def use_kernel(m: int, n: int, k: int, elem: int = 2) -> bool:
-    """Whether a GEMM of these shapes takes the Triton kernel (else cuBLAS)."""
-    return 1 <= m <= MAX_ROWS and n * k * elem <= MAX_WEIGHT_BYTES
+def default_launch(m: int, k: int) -> LinearLaunch:
+    """Tiles for a call without a tuned entry (tests, the interpreter, a probe's baseline)."""
+    return LinearLaunch(row_tile(m), 16, min(64, triton.next_power_of_2(k)), 4, 4)
+
+
+def gemm_key(m: int, n: int, k: int, glu: bool, norm: bool, acc: bool) -> str:
+    """n: output columns (the gate's for glu)."""
+    return f"bm{row_tile(m)}-n{n}-k{k}" + "-glu" * glu + "-norm" * norm + "-acc" * acc
+
+
+@functools.lru_cache(maxsize=None)
+def _table(path: str) -> dict:
+    p = Path(path)
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, norm: bool = False,
+                 acc: bool = False, path: Optional[Path] = None) -> Optional[LinearLaunch]:
+    """The kernel's tiles for this GEMM on this device (path: the table, TILES by default), or
+    None: cuBLAS."""
+    if not 1 <= m <= MAX_ROWS:
+        return None
+    e = _table(str(path or TILES)).get(device_name, {}).get(gemm_key(m, n, k, glu, norm, acc))
+    if e is None:
+        return None
+    return LinearLaunch(row_tile(m), e["bn"], e["bk"], e["warps"], e["stages"])
+
+
+def table_entry(lp: LinearLaunch, us: float, cublas_us: float) -> dict:
+    e = asdict(lp)
+    e.pop("bm")
+    return dict(e, us=round(us, 3), cublas_us=round(cublas_us, 3))
