@@ -2,7 +2,7 @@
 and head on the CPU (fp32): each held-out text of every family is prefilled at each context, and the
 drafter's commit counts over the prompt's last M rows how often the head's top-1 / top-8 drafts name
 the next token (`Eagle3Drafter.commit(agree=...)`), giving the estimated accepted length of a 48-node
-round. Set beside the MAL measured on the same prompts (no fall-back) in bench/results/e2e-cuda.json.
+round. Set beside the MAL measured on the same prompts (no fall-back) in bench/results/e2e-cuda-e513856.json.
 Usage: python3 scripts/fallback_prior_cpu.py "1024 2048 4096" "256 1024"; JSON to $OUT or bench/results."""
 import datetime, json, os, sys, time, torch
 sys.path.insert(0, ".")

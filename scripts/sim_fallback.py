@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ssv.spec.fallback import ArFallback
 
-DEPTH, TOKENS, RUNS, BREAK_EVEN = 6, 128, 400, 1.78   # break-even: H200, default model, 1K-8K (e2e-cuda.json)
+DEPTH, TOKENS, RUNS, BREAK_EVEN = 6, 128, 400, 1.78   # break-even: H200, default model, 1K-8K (e2e-cuda-e513856.json)
 RING, PRIME_PAIRS = 32, 256
 RATES = [0.2, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
 REGIMES = [(0.3, 0.6, 24), (0.35, 0.7, 24), (0.3, 0.7, 48), (0.2, 0.8, 32)]   # (a, a', seg tokens)

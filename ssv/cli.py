@@ -136,7 +136,7 @@ def _engine(args, runner, drafter=None):
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREE = (2, 2, 3)
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
-# costs ~2.1 AR steps (bench/results/e2e-cuda.json); the CPU's 3-node round 1.27-1.35 (its MAL over
+# costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json); the CPU's 3-node round 1.27-1.35 (its MAL over
 # its speedup in the runs above), so there the prompt's estimate is compared with 1.3, not 2.0.
 CPU_BREAK_EVEN = 1.3
 
