@@ -48,7 +48,7 @@ def configs(m: int, quick: bool):
     return out[:4] if quick else out
 
 
-def run(shape, m, layers, quick, rows, best_out, invariant=None):
+def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False):
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, n, k, glu, norm, acc in gemms(shape):
@@ -68,10 +68,10 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None):
                 else:
                     F.linear(x, w)
 
-        def triton_fn(lp):
+        def triton_fn(lp, pdl=False):
             def f():
                 for w in ws:
-                    linear(x, w, out=out if acc else None, accumulate=acc, norm_eps=eps, glu=glu, launch=lp)
+                    linear(x, w, out=out if acc else None, accumulate=acc, norm_eps=eps, glu=glu, launch=lp, pdl=pdl)
             return f
 
         base = triton.testing.do_bench_cudagraph(cublas, rep=100, return_mode="median") * 1e3 / layers
@@ -104,6 +104,10 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None):
         if best is None:
             print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  no tile matched the fp32 twin", flush=True)
             continue
+        if pdl:   # the same tiles with programmatic dependent launch: each call may start as the one before ends
+            us = triton.testing.do_bench_cudagraph(triton_fn(best[0], True), rep=100, return_mode="median") * 1e3 / layers
+            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton-pdl", config=best[0].__dict__, us=us))
+            print(f"{shape:14s} {name:8s} m={m:3d} best tiles with PDL {us:7.2f} us (without {best[1]:7.2f})", flush=True)
         faster = best[1] < MARGIN * base
         if faster and key not in best_out:
             best_out[key] = table_entry(best[0], best[1], base)
@@ -120,6 +124,7 @@ def main():
     p.add_argument("--shapes", nargs="+", default=["smollm2-135m"], choices=list(LAYER))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 48])
     p.add_argument("--tiles", help="merge the winning tiles into this table (its entry for this device replaced)")
+    p.add_argument("--pdl", action="store_true", help="also time the best tiles with programmatic dependent launch")
     p.add_argument("--batch-invariant", action="store_true",
                    help="list the AR step's tiles (16-row programs) for every larger M whose GEMM the AR step "
                         "takes the kernel for, whatever their time against cuBLAS: every row's product then "
@@ -129,7 +134,7 @@ def main():
     for shape in a.shapes:
         for m in sorted(a.rows):   # M = 1 first: the larger M's batch-invariant tiles are its
             run(shape, m, 30 if shape == "smollm2-135m" else 4, a.quick, rows, best,
-                None if m == 1 else dict(best, _take=a.batch_invariant))
+                None if m == 1 else dict(best, _take=a.batch_invariant), a.pdl)
     env = environment()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -33,7 +33,7 @@ FORMS = {   # launch forms: the policy's, and forced ones that cross every tile 
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("m,n,k", [(1, 24, 40), (1, 100, 200), (3, 100, 72), (17, 33, 130), (40, 96, 576)])
+@pytest.mark.parametrize("m,n,k", [(2, 24, 8), (1, 24, 40), (1, 100, 200), (3, 100, 72), (17, 33, 130), (40, 96, 576)])
 @pytest.mark.parametrize("glu,norm,acc", [(False, False, False), (False, True, False), (False, False, True),
                                           (True, True, False), (True, False, True)])
 def test_linear_matches_naive(form, m, n, k, glu, norm, acc):
@@ -71,6 +71,9 @@ def test_linear_refuses_bad_shapes():
         linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), accumulate=True)
     with pytest.raises(ValueError, match="linear: out"):
         linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), out=torch.zeros(2, 5, device=DEV, dtype=DT))
+    if not CUDA:
+        with pytest.raises(ValueError, match="pdl"):
+            linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), pdl=True)
     with pytest.raises(ValueError, match="powers of two"):
         linear(x, torch.zeros(4, 8, device=DEV, dtype=DT), launch=LinearLaunch(8, 16, 64, 4, 2))
 
@@ -128,6 +131,19 @@ def test_linear_at_the_default_models_shapes_and_in_a_graph(m):
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, got, rtol=0, atol=0)
+        # programmatic dependent launch, three calls in a row in a graph (each waits for the one
+        # before): the same result bit for bit
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):
+                linear(x, w, out=out, accumulate=acc, norm_eps=eps, glu=glu, pdl=True)
+        out.copy_(res)
+        graph.replay()
+        torch.cuda.synchronize()
+        want3 = res.clone()
+        for _ in range(3):
+            linear(x, w, out=want3, accumulate=acc, norm_eps=eps, glu=glu)
+        torch.testing.assert_close(out, want3, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("glu,norm,acc", [(False, True, False), (True, True, False), (False, False, True)])

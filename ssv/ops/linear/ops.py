@@ -11,11 +11,13 @@ from ssv.ops.linear.policy import LinearLaunch, default_launch
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, accumulate: bool = False,
-           norm_eps: Optional[float] = None, glu: bool = False, launch: Optional[LinearLaunch] = None) -> torch.Tensor:
+           norm_eps: Optional[float] = None, glu: bool = False, launch: Optional[LinearLaunch] = None,
+           pdl: bool = False) -> torch.Tensor:
     """x [M, K] @ w.T in one launch, w [N, K] ([2N, K] gate | up for glu); the math is `linear_naive`'s:
     norm_eps scales each row by x's own 1 / rms (an RMSNorm folded into w), glu gives silu(g) * u
     [M, N], accumulate adds into out (a residual, in place). out [M, N] may be a view with
-    contiguous rows; without it a new tensor in x's dtype."""
+    contiguous rows; without it a new tensor in x's dtype. pdl: programmatic dependent launch (CUDA,
+    Hopper or newer; an experiment for `scripts/probe_linear.py --pdl`, not taken by the layers)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"linear: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
@@ -34,9 +36,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     lp = default_launch(m, k) if launch is None else launch
     if lp.bm < 16 or lp.bm & (lp.bm - 1) or lp.bn < 16 or lp.bk < 16:
         raise ValueError(f"linear: tiles must be powers of two >= 16 (tl.dot), got {lp}")
+    if pdl and not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9):
+        raise ValueError("linear: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9")
     if m and n:
         linear_fwd_kernel[(triton.cdiv(n, lp.bn), triton.cdiv(m, lp.bm))](
             x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0), 0.0 if norm_eps is None else float(norm_eps),
-            K=k, BM=lp.bm, BN=lp.bn, BK=lp.bk, NORM=norm_eps is not None, GLU=glu, ACC=accumulate,
-            num_warps=lp.warps, num_stages=lp.stages)
+            K=k, BM=lp.bm, BN=lp.bn, BK=lp.bk, NORM=norm_eps is not None, GLU=glu, ACC=accumulate, PDL=pdl,
+            num_warps=lp.warps, num_stages=lp.stages, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -37,7 +37,7 @@ def row_tile(m: int) -> int:
 
 def default_launch(m: int, k: int) -> LinearLaunch:
     """Tiles for a call without a tuned entry (tests, the interpreter, a probe's baseline)."""
-    return LinearLaunch(row_tile(m), 16, min(64, triton.next_power_of_2(k)), 4, 4)
+    return LinearLaunch(row_tile(m), 16, max(16, min(64, triton.next_power_of_2(k))), 4, 4)
 
 
 def gemm_key(m: int, n: int, k: int, glu: bool, norm: bool, acc: bool) -> str:
