@@ -205,6 +205,14 @@ def test_fused_block_with_the_linear_kernel_equals_eager(tmp_path, monkeypatch):
         layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
     x0 = torch.zeros(n, h, device=DEV, dtype=DT)
     assert tuned_linear(x0, layer.mlp.down_proj.weight, acc=True) is not None
+    import ssv.model.layers as layers
+    calls = []
+    real = layers.linear
+
+    def counted(x, w, **kw):
+        calls.append((w.shape[0], kw.get("glu", False), kw.get("norm_eps") is not None, kw.get("accumulate", False)))
+        return real(x, w, **kw)
+    monkeypatch.setattr(layers, "linear", counted)
     outs = []
     for fused in (False, True):
         r = Runner(model, attention="dense", max_len=64, backend="reference")
@@ -217,5 +225,9 @@ def test_fused_block_with_the_linear_kernel_equals_eager(tmp_path, monkeypatch):
         with torch.no_grad():
             y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
         outs.append((y, r.cache.k[1, :, : r.length + n].clone(), r.cache.v[1, :, : r.length + n].clone()))
+    # the fused pass took the kernel for all four GEMMs (q|k|v with the norm, o_proj + residual,
+    # gate|up with the norm and SwiGLU, down_proj + residual)
+    assert sorted(calls) == sorted([(q, False, True, False), (h, False, False, True),
+                                    (2 * c.intermediate_size, True, True, False), (h, False, False, True)])
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, **TOL)

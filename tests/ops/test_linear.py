@@ -25,6 +25,15 @@ def _case(m, n, k, glu, seed):
     return x, w, res
 
 
+def _nan_view(t: torch.Tensor, rows: int = 0, cols: int = 5) -> tuple:
+    """t's values in a [rows:rows + R, 2:2 + C] window of a NaN-filled larger buffer (strided rows):
+    a read past a tail mask, or a write past one, meets or leaves NaN."""
+    buf = torch.full((t.shape[0] + 2 * rows, t.shape[1] + cols), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[rows:rows + t.shape[0], 2:2 + t.shape[1]]
+    view.copy_(t)
+    return buf, view
+
+
 FORMS = {   # launch forms: the policy's, and forced ones that cross every tile edge
     "policy": None,
     "16x16x32": LinearLaunch(16, 16, 32, 4, 2),
@@ -39,16 +48,18 @@ FORMS = {   # launch forms: the policy's, and forced ones that cross every tile 
 def test_linear_matches_naive(form, m, n, k, glu, norm, acc):
     x, w, res = _case(m, n, k, glu, m * 1000 + n + k)
     eps = 1e-5 if norm else None
-    # the output a column range of a NaN-filled wider buffer: every element of the range is written
-    # (or read and written when accumulating), nothing beside it
-    buf = torch.full((m, n + 7), float("nan"), dtype=DT, device=DEV)
-    out = buf[:, 3:3 + n]
-    if acc:
-        out.copy_(res)
-    got = linear(x, w, out=out, accumulate=acc, norm_eps=eps, glu=glu, launch=FORMS[form])
     want = linear_naive(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
+    # inputs as windows of NaN-filled buffers (every load past K or N must be masked), the output a
+    # window with NaN rows and columns around it: every element of the window is written (or read
+    # and written when accumulating), nothing beside it
+    _, xv = _nan_view(x)
+    _, wv = _nan_view(w)
+    buf, out = _nan_view(res if acc else torch.full_like(res, float("nan")), rows=2, cols=7)
+    got = linear(xv, wv, out=out, accumulate=acc, norm_eps=eps, glu=glu, launch=FORMS[form])
     assert got.data_ptr() == out.data_ptr()
-    assert buf[:, :3].isnan().all() and buf[:, 3 + n:].isnan().all()
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[2:2 + m, 2:2 + n] = False
+    assert buf[outside].isnan().all()
     torch.testing.assert_close(got, want, **_tol(k))
 
 
@@ -108,6 +119,31 @@ def test_shipped_table_lists_only_small_weights():
             tile = int(key.split("-")[0][2:])
             assert tile <= MAX_ROWS and e["us"] > 0 and e["cublas_us"] > 0, (device, key)
             assert e["us"] < e["cublas_us"] or e.get("bm", tile) == 16 < tile, (device, key)
+
+
+@pytest.mark.skipif(not CUDA, reason="the shipped tiles are compiled for a GPU")
+def test_every_shipped_tile_of_this_device_matches_naive():
+    """Each GEMM the table lists for this GPU, at its tiles (deep pipelines, wide K chunks, narrower
+    row programs), against the fp32 twin at the M its row tile covers."""
+    import json
+    from ssv.ops.linear.policy import TILES, tuned_launch
+    from ssv.ops.utils import device_name
+    name = device_name(torch.device(DEV))
+    entries = json.loads(TILES.read_text()).get(name, {}) if TILES.exists() else {}
+    keys = [k for k in entries if not k.startswith("_")]
+    if not keys:
+        pytest.skip(f"the table lists nothing for {name}")
+    for key in keys:
+        parts = key.split("-")
+        tile, n, k = int(parts[0][2:]), int(parts[1][1:]), int(parts[2][1:])
+        glu, norm, acc = "glu" in parts, "norm" in parts, "acc" in parts
+        m = 1 if tile == 16 else tile * 3 // 4   # an AR step's row; 48 of a 64-row verify tile
+        lp = tuned_launch(name, m, n, k, glu, norm, acc)
+        x, w, res = _case(m, n, k, glu, n + k)
+        eps = 1e-5 if norm else None
+        want = linear_naive(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
+        got = linear(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu, launch=lp)
+        torch.testing.assert_close(got, want, **_tol(k), msg=key)
 
 
 @pytest.mark.skipif(not CUDA, reason="the SmolLM2 shapes compiled need a GPU")

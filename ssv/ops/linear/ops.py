@@ -34,7 +34,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     elif out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"linear: out must be [{m}, {n}] with contiguous rows, got {tuple(out.shape)}")
     lp = default_launch(m, k) if launch is None else launch
-    if lp.bm < 16 or lp.bm & (lp.bm - 1) or lp.bn < 16 or lp.bk < 16:
+    if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or lp.warps < 1 or lp.stages < 1:
         raise ValueError(f"linear: tiles must be powers of two >= 16 (tl.dot), got {lp}")
     if pdl and not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9):
         raise ValueError("linear: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9")
