@@ -106,3 +106,42 @@ def test_ar_margin_is_the_decode_steps_own_margin():
     wrong = list(ref.token_ids)
     wrong[2] = (wrong[2] + 1) % model.cfg.vocab_size
     assert ar_margin(runner, prompt, wrong, 5) is None
+
+
+def _e2e_doc(commit, cells):
+    rows = [dict(family=f, context=c, target_context=c, doc=0, rep=0, mode=m, tokens_per_second=tps,
+                 mean_accepted_length=1.0, gpu_busy_fraction=0.8, launches_per_round=10, identical_to_ar=True)
+            for f, c, m, tps in cells]
+    return {"env": {"commit": commit, "date": "2026-12-03"}, "summary": summarize(rows), "steps": [], "rows": rows}
+
+
+def test_merge_e2e_keeps_each_ratio_within_its_process(tmp_path, monkeypatch):
+    """scripts/merge_e2e.py: rows of several processes in one file, every speedup against the ar-nsa of
+    the same (family, context), hence the same process; files of two commits, or two processes timing
+    the same cell, are refused."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("merge_e2e", Path(__file__).parents[1] / "scripts" / "merge_e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "plot", lambda summary, path: None)
+    a = _e2e_doc("c1", [("code", 1024, "ar-nsa", 100.0), ("code", 1024, "ssv strict", 150.0)])
+    b = _e2e_doc("c1", [("code", 4096, "ar-nsa", 80.0), ("code", 4096, "ssv strict", 200.0)])
+    paths = []
+    for i, d in enumerate((a, b, _e2e_doc("c2", [("code", 8192, "ar-nsa", 1.0)]),
+                           _e2e_doc("c1", [("code", 4096, "ar-nsa", 90.0)]))):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(d))
+    out = tmp_path / "merged.json"
+    monkeypatch.setattr(sys, "argv", ["merge", str(out), str(paths[0]), str(paths[1]), "--note", "two"])
+    mod.main()
+    doc = json.loads(out.read_text())
+    ratio = {(s["context"], s["mode"]): s["speedup_vs_ar_nsa"] for s in doc["summary"]}
+    assert ratio[(1024, "ssv strict")] == pytest.approx(1.5) and ratio[(4096, "ssv strict")] == pytest.approx(2.5)
+    assert doc["env"]["processes"] == "two" and len(doc["rows"]) == 4
+    for bad, match in (((paths[0], paths[2]), "different commits"), ((paths[1], paths[3]), "both")):
+        monkeypatch.setattr(sys, "argv", ["merge", str(out)] + [str(p) for p in bad])
+        with pytest.raises(ValueError, match=match):
+            mod.main()
