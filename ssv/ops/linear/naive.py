@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
+from ssv.ops.glue.naive import row_rsqrt
+
 
 def linear_naive(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, accumulate: bool = False,
                  norm_eps: Optional[float] = None, glu: bool = False) -> torch.Tensor:
@@ -18,7 +20,7 @@ def linear_naive(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] =
     xf = x.float()
     a = xf @ w.float().T
     if norm_eps is not None:
-        a = a * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm_eps)
+        a = a * row_rsqrt(xf, norm_eps)
     dt = x.dtype if out is None else out.dtype
     if glu:
         g, u = a.chunk(2, -1)
