@@ -292,6 +292,8 @@ def add_args(p) -> None:
     p.add_argument("--modes", nargs="+", default=list(MODES))
     p.add_argument("--steps", nargs="*", type=int, default=None, metavar="CONTEXT",
                    help="also (or with --no-default, only) the Llama-3.1-8B-shape step table at these contexts")
+    p.add_argument("--steps-shape", default="llama3.1-8b", choices=["llama3.1-8b", "smollm2-135m"],
+                   help="the step table's model shape (random bf16 weights)")
     p.add_argument("--no-default", action="store_true", help="skip the default-model part")
     p.add_argument("--out", default="bench/results")
 
@@ -323,7 +325,8 @@ def cmd_bench_e2e(args) -> int:
             json.dump(doc, f, indent=1)
     if args.steps is not None:
         doc["steps"] = []
-        run_steps(args.steps or [8192, 16384, 32768, 65536, 131072], doc["steps"], save)
+        run_steps(args.steps or ([8192, 16384, 32768, 65536, 131072] if args.steps_shape == "llama3.1-8b"
+                                 else [1024, 4096, 8192, 16384]), doc["steps"], save, args.steps_shape)
         save()
     if not args.no_default:
         run_default(args, doc["env"], save)

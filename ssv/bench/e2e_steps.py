@@ -26,6 +26,11 @@ from ssv.engine.runner import Runner
 LLAMA8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n_layers=32, n_heads=32,
                       n_kv_heads=8, head_dim=128, max_seq_len=131072 + 512,
                       rope=RopeConfig(theta=500000.0, scaling="llama3", factor=8.0))
+# the default model's shape: its steps timed without the checkpoint (which a device call must carry in parts)
+SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9,
+                      n_kv_heads=3, head_dim=64, max_seq_len=16384 + 512, rope=RopeConfig(theta=100000.0),
+                      tie_embeddings=True)
+SHAPES = {"llama3.1-8b": LLAMA8B, "smollm2-135m": SMOLLM2}
 
 
 def random_model(cfg: ModelConfig):
@@ -104,10 +109,12 @@ def synthetic_tree(n: int, gen: torch.Generator, device):
 
 
 @torch.no_grad()   # the fused layers run only without autograd (they have no backward)
-def run_steps(contexts, rows: list, save=None) -> list:
+def run_steps(contexts, rows: list, save=None, shape: str = "llama3.1-8b") -> list:
     """Append the table's rows for each context to `rows` (save() after each context)."""
     from ssv.bench.kernels import copy_bandwidth
-    cfg = LLAMA8B
+    cfg = SHAPES[shape]
+    if max(contexts) + 256 > cfg.max_seq_len:
+        raise ValueError(f"--steps: {shape} is timed up to {cfg.max_seq_len - 256} tokens, got {max(contexts)}")
     bw = copy_bandwidth()
     model = random_model(cfg)
     w_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -117,7 +124,7 @@ def run_steps(contexts, rows: list, save=None) -> list:
         depth, mask = synthetic_tree(n_tree, torch.Generator().manual_seed(ctx), "cuda")
         tokens = torch.randint(0, cfg.vocab_size, (n_tree,), device="cuda")
         kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * ctx * cfg.head_dim * 2
-        rows.append({"shape": "llama3.1-8b", "context": ctx, "step": "dense bytes floor",
+        rows.append({"shape": shape, "context": ctx, "step": "dense bytes floor",
                      "ms": (w_bytes + kv_bytes) / bw / 1e9, "copy_tbps": bw})
         for att in ("nsa", "dense"):
             runner = Runner(model, attention=att, max_len=ctx + 256)
@@ -127,7 +134,7 @@ def run_steps(contexts, rows: list, save=None) -> list:
             reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731 -- each AR step commits one token
             try:
                 ms = time_graph(eng._ar_body, before=reset)
-                rows.append({"shape": "llama3.1-8b", "context": ctx, "step": f"ar {att}" if att == "dense" else "ar-nsa",
+                rows.append({"shape": shape, "context": ctx, "step": f"ar {att}" if att == "dense" else "ar-nsa",
                              "ms": ms})
             except Exception as e:  # noqa: BLE001
                 print(f"ar {att} at {ctx}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -159,7 +166,7 @@ def run_steps(contexts, rows: list, save=None) -> list:
                     plan.plan(runner.cache.dlen, pos, mask)
                     model(tokens, pos, plan, runner.cache)
                 try:
-                    rows.append({"shape": "llama3.1-8b", "context": ctx, "step": name, "ms": time_graph(verify),
+                    rows.append({"shape": shape, "context": ctx, "step": name, "ms": time_graph(verify),
                                  "tree_tokens": n_tree, **extra})
                 except Exception as e:  # noqa: BLE001
                     print(f"{name} at {ctx}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -167,7 +174,7 @@ def run_steps(contexts, rows: list, save=None) -> list:
             torch.cuda.empty_cache()
         for r in rows:
             if r["context"] == ctx:
-                print(f"llama3.1-8b {ctx:7d} {r['step']:18s} {r['ms']:8.3f} ms", flush=True)
+                print(f"{shape} {ctx:7d} {r['step']:18s} {r['ms']:8.3f} ms", flush=True)
         if save:
             save()
     return rows

@@ -5,6 +5,7 @@ import torch
 import triton
 
 from ssv.ops.accept.kernels import accept_greedy_fwd_kernel
+from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
 
@@ -22,5 +23,5 @@ def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torc
     bonus = torch.empty(1, dtype=torch.long, device=dev)
     accept_greedy_fwd_kernel[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(),
                                    best.contiguous(), path, length, bonus, T=t,
-                                   BT=max(16, triton.next_power_of_2(t)), D=max_depth, num_warps=1)
+                                   BT=max(16, triton.next_power_of_2(t)), D=max_depth, **pdl_args(dev), num_warps=1)
     return path, length, bonus

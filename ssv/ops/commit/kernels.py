@@ -4,16 +4,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ssv.ops.pdl import pdl_prologue
+
 
 @triton.jit
 def kv_commit_fwd_kernel(
     k, v, cmp, dlen, path, n_acc, T, NB, s_kl, s_kh, s_kt, s_cx, s_cl, s_ch, s_cb, H,
     R: tl.constexpr, D: tl.constexpr, L_CMP: tl.constexpr, BL: tl.constexpr, STRIDE: tl.constexpr,
     M: tl.constexpr, NSA: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # one program per (layer, KV head): the accepted rows moved down in increasing order (row i
     # reads P + path[i] >= P + i, and no later row reads P + i since path is strictly increasing),
     # then, after a barrier, the compressed blocks the new rows complete, read back from the cache
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_lh = tl.program_id(0).to(tl.int64)
     i_l, i_h = i_lh // H, i_lh % H
     P = tl.load(dlen).to(tl.int64)

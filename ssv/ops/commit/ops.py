@@ -9,6 +9,7 @@ import triton
 
 from ssv.config import NSAConfig
 from ssv.ops.commit.kernels import kv_commit_fwd_kernel
+from ssv.ops.pdl import pdl_args
 
 
 def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dlen: torch.Tensor,
@@ -28,5 +29,5 @@ def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dle
         k, v, c, dlen, path.contiguous(), n, t, (cmp.shape[3] - 1) if nsa is not None else 0,
         k.stride(0), k.stride(1), k.stride(2), c.stride(0), c.stride(1), c.stride(2), c.stride(3), h,
         R=r, D=d, L_CMP=l, BL=triton.next_power_of_2(l), STRIDE=st, M=r // st + 1, NSA=nsa is not None,
-        num_warps=2)
+        **pdl_args(k.device), num_warps=2)
     dlen.add_(n.to(torch.int32))

@@ -1,6 +1,8 @@
 import triton
 import triton.language as tl
 
+from ssv.ops.pdl import pdl_prologue
+
 
 @triton.jit
 def _online_tile(b_q, p_k, p_v, m_k, m_d, b_m, b_l, b_acc, scale):
@@ -22,9 +24,10 @@ def _online_tile(b_q, p_k, p_v, m_k, m_d, b_m, b_l, b_acc, scale):
 def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen, o, level, scale,
                           s_qn, s_qh, s_rk, s_rh, s_sk, s_sh, s_pn, s_on,
                           W: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                          BK: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr):
+                          BK: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr = False):
     # program (frontier node, KV head): the G query heads of the head on the dot's rows, the ring's
     # window in BK-key tiles, then the node's own path rows as one more tile; online softmax
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_f, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     p_q = tl.load(dlen).to(tl.int64) - 1 + level - 1          # the level's query position
     o_g = tl.arange(0, BM)

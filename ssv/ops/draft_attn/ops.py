@@ -5,6 +5,7 @@ import torch
 import triton
 
 from ssv.ops.draft_attn.kernels import draft_attn_fwd_kernel
+from ssv.ops.pdl import pdl_args
 
 
 def draft_attn(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring_pos: torch.Tensor,
@@ -38,5 +39,5 @@ def draft_attn(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring
             k_ring.stride(1), k_scr.stride(0), k_scr.stride(1), path_rows.stride(0), o.stride(0),
             W=int(window), G=g, BM=max(16, triton.next_power_of_2(g)), D=d, BD=max(16, triton.next_power_of_2(d)),
             BK=max(16, min(64, triton.next_power_of_2(window))), DP=path_rows.shape[1],
-            BP=max(16, triton.next_power_of_2(path_rows.shape[1])), num_warps=4)
+            BP=max(16, triton.next_power_of_2(path_rows.shape[1])), **pdl_args(q.device), num_warps=4)
     return o

@@ -12,15 +12,18 @@ import triton
 import triton.language as tl
 
 from ssv.config import NSAConfig
+from ssv.ops.pdl import pdl_args, pdl_prologue
 
 
 @triton.jit
 def nsa_plan_fwd_kernel(
     plen, pos, tmask_in, w, s0_out, nbpre_out, npath_out, tmask_out, N, s_mn, s_wn, s_wb,
     L_CMP: tl.constexpr, STRIDE: tl.constexpr, NBP: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # program n: row n of the path weights w[n, b, j] over slots s0 + j (j < l + N), its path's
     # block count, its tree-mask row; program 0 also the shared s0 and committed block count
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_n = tl.program_id(0)
     P = tl.load(plen).to(tl.int64)
     nb_pre = tl.where(P >= L_CMP, (P - L_CMP) // STRIDE + 1, 0)
@@ -80,5 +83,5 @@ def nsa_plan(plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tenso
     nsa_plan_fwd_kernel[(n,)](plen, pos, tm, w, out.s0, out.nbpre, out.n_path, out.tmask, n, tm.stride(0),
                               w.stride(0), w.stride(1), L_CMP=cfg.cmp_block, STRIDE=cfg.cmp_stride,
                               NBP=w.shape[1], BS=triton.next_power_of_2(w.shape[2]),
-                              BN=triton.next_power_of_2(n), num_warps=1)
+                              BN=triton.next_power_of_2(n), **pdl_args(w.device), num_warps=1)
     return out

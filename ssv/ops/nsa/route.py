@@ -30,6 +30,7 @@ from ssv.ops.nsa.route_kernels import nsa_route_fused_fwd_kernel
 from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route_merge_topk_fwd_kernel,
                                              nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
+from ssv.ops.pdl import pdl_args
 from ssv.ops.utils import pow2, sm_count
 
 
@@ -92,11 +93,12 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     pst = (k.stride(0), k.stride(1), wc.stride(0), wc.stride(1))
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
+    pk = pdl_args(q.device)   # programmatic dependent launch on Hopper (ssv/ops/pdl.py)
     if lp.fused:
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
-            num_warps=4)
+            **pk, num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
     m_part = torch.empty(nst, n, hq, **f32)
@@ -108,13 +110,14 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         nsa_route_score_fwd_kernel[grid](
             q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, imp, tail, lse, n, nbp, lp.n_split, nbs, n_slots,
             k.shape[1], float(scale), *kst, *pst, hq, 0, 0, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=False,
-            num_warps=4)
+            **pk, num_warps=4)
         nsa_route_imp_fwd_kernel[grid](
             q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
-            float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), num_warps=4)
+            float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), **pk,
+            num_warps=4)
         nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
             imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, NBPP=nbpp,
-            num_warps=lp.topk_warps)
+            **pk, num_warps=lp.topk_warps)
         return idx, imp, lse, (o_cmp if want_o else None)
     own_h = torch.empty(n, hq, nbs, **f32)  # per head, against its tile's max mt
     tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h
@@ -122,11 +125,12 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     hst = (own_h.stride(1), mt.stride(1))
     nsa_route_score_fwd_kernel[grid](
         q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
-        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True, num_warps=4)
+        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True, **pk,
+        num_warps=4)
     nsa_route_merge_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
         own_h, tail_h, mt, sp, m_part, l_part, a_part, imp, tail, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
-        R=r, A=a, **top, NBPP=nbpp, num_warps=lp.topk_warps)
+        R=r, A=a, **top, NBPP=nbpp, **pk, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ssv.ops.pdl import pdl_prologue
+
 
 @triton.jit
 def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
@@ -277,9 +279,11 @@ def nsa_route_fused_fwd_kernel(
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
     SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_g, i_h = tl.program_id(0), tl.program_id(1)
     NBPRE = tl.load(nbpre)
     S0 = tl.load(s0p)

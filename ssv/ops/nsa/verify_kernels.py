@@ -16,6 +16,8 @@ query its group representative's (first query's) selection.
 import triton
 import triton.language as tl
 
+from ssv.ops.pdl import pdl_prologue
+
 
 @triton.jit
 def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
@@ -113,7 +115,9 @@ def nsa_verify_fwd_kernel(
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
     GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
     FOLD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
     # the committed prefix length, read from device memory: no launch argument moves with the
@@ -335,8 +339,10 @@ def _merge(ws_m, ws_l, ws_a, p_w, m_s, o_d, D: tl.constexpr):
 def nsa_verify_combine_kernel(
     gates, o_cmp, o, lse_a, lse_b, ws_m, ws_l, ws_a, N, NSPLIT, HQ,
     NSP: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # one program per (query, head): all KV splits' (max, sum, acc) in one load each, merged, gated
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     i_l = tl.program_id(0).to(tl.int64)  # query * HQ + head
     o_s = tl.arange(0, NSP)[:, None]
     m_s = o_s < NSPLIT

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ssv.ops.pdl import pdl_args
 from ssv.ops.topk.kernels import rank_topk_fwd_kernel, vocab_topk_fwd_kernel
 
 # a row lives in one program's registers: past this many entries the torch path (naive.py's
@@ -30,7 +31,7 @@ def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
             raise ValueError(f"vocab_topk: id_map must be [{v}], got {tuple(id_map.shape)}")
         vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(), x.stride(0),
                                     vals.stride(0), V=v, BV=bv, K=k, MAP=id_map is not None, CLAMP=bool(clamp),
-                                    num_warps=8 if bv >= 4096 else 4)
+                                    **pdl_args(x.device), num_warps=8 if bv >= 4096 else 4)
     return vals, ids
 
 
@@ -53,5 +54,5 @@ def rank_topk(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = Fa
     if r:
         bn = triton.next_power_of_2(n)
         rank_topk_fwd_kernel[(r,)](x, vals, ids, x.stride(0), vals.stride(0), n, K=k, BN=bn, BJ=min(bn, 16),
-                                   LARGEST=bool(largest), BY_INDEX=bool(by_index), num_warps=8 if bn >= 512 else 4)
+                                   LARGEST=bool(largest), BY_INDEX=bool(by_index), **pdl_args(x.device), num_warps=8 if bn >= 512 else 4)
     return vals, ids

@@ -1,16 +1,19 @@
 import triton
 import triton.language as tl
 
+from ssv.ops.pdl import pdl_prologue
+
 
 @triton.jit
 def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, front_out, ftok_out, fpar_out,
                           rows_out, t, base, s_v,
                           R: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-                          FIRST: tl.constexpr):
+                          FIRST: tl.constexpr, PDL: tl.constexpr = False):
     # one program, the level's R*K candidates c = r*K + i (frontier node r's i-th best child) in
     # registers: the pool writes, each candidate's rank by cumulative score (the count of candidates
     # ordered before it: larger, or equal at a lower index; NaN first, as rank_topk), and the K of
     # rank < K stored at their rank as the next frontier
+    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
     o_c = tl.arange(0, BN)
     m_c = o_c < R * K
     o_r = o_c // K

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ssv.ops.pdl import pdl_args
 from ssv.ops.tree.kernels import tree_level_fwd_kernel
 
 MAX_CANDIDATES = 256   # R * K in one program's registers (a [BN, BN] comparison)
@@ -30,4 +31,4 @@ def tree_level(vals, toks, t: int, base: int, root, front, rows_in, tok, par, sc
         vals, toks, root if t == 1 else toks, front if t > 1 else toks, rows_in if t > 1 else rows_out,
         tok, par, score, front_out, ftok_out, fpar_out, rows_out, int(t), int(base), vals.stride(0),
         R=R, K=K, D=D, BN=max(16, triton.next_power_of_2(R * K)), BD=max(16, triton.next_power_of_2(D)),
-        FIRST=t == 1, num_warps=4)
+        FIRST=t == 1, **pdl_args(vals.device), num_warps=4)

@@ -1,0 +1,110 @@
+"""Programmatic dependent launch (ssv/ops/pdl.py): every kernel of the step opens with the prologue and
+every launch passes the flag (read from the source, so a new kernel without them fails here); on a
+Hopper GPU, long chains of dependent PDL launches equal plain launches bit for bit, eager and graphed."""
+import ast
+import pathlib
+
+import pytest
+import torch
+
+from ssv.ops.glue.naive import rmsnorm_naive
+from ssv.ops.glue.ops import rmsnorm
+from ssv.ops.linear.ops import linear
+from ssv.ops.pdl import pdl, pdl_args
+
+OPS = pathlib.Path(__file__).resolve().parents[2] / "ssv" / "ops"
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _jit_kernels():
+    for path in sorted(OPS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
+                    ast.unparse(d).endswith("jit") for d in node.decorator_list):
+                yield path, node
+
+
+def _launches():
+    for path in sorted(OPS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and ast.unparse(node.func.value).endswith("_kernel")):
+                yield path, node
+
+
+def test_every_kernel_opens_with_the_prologue():
+    kernels = list(_jit_kernels())
+    assert len(kernels) >= 18   # the step's kernels: glue, linear, routing, verify, tree, accept, commit, ...
+    for path, fn in kernels:
+        args = [a.arg for a in fn.args.args]
+        assert args[-1] == "PDL" and ast.unparse(fn.args.defaults[-1]) == "False", (path.name, fn.name)
+        first = fn.body[0]
+        assert ast.unparse(first) == "pdl_prologue(PDL)", (path.name, fn.name, ast.unparse(first))
+
+
+def test_every_launch_passes_the_flag():
+    launches = list(_launches())
+    assert len(launches) >= 18
+    for path, call in launches:
+        kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        splats = [v for k, v in kw.items() if k is None] + [ast.unparse(k.value) for k in call.keywords if k.arg is None]
+        ok = "PDL" in kw or any(s.startswith("pdl_args(") or s == "pk" for s in splats)
+        assert ok, (path.name, ast.unparse(call.func))
+
+
+def test_off_without_hopper():
+    assert not pdl(torch.device("cpu"))
+    assert pdl_args(torch.device("cpu")) == {"PDL": False}
+    if CUDA:
+        assert pdl(torch.device("cuda")) == HOPPER
+        assert pdl_args(torch.device("cuda")).get("launch_pdl", False) == HOPPER
+
+
+@pytest.mark.skipif(not HOPPER, reason="programmatic dependent launch needs a Hopper (or newer) GPU")
+@pytest.mark.parametrize("graphed", [False, True])
+def test_dependent_chain_equals_plain_launches(graphed):
+    """64 launches, each reading the one before's output (two buffers in turn) through small grids that
+    finish unevenly, interleaved with RMSNorm launches: a launch that read before its predecessor
+    completed would see the stale buffer, which differs from the fresh one in every entry."""
+    g = torch.Generator().manual_seed(0)
+    dev = torch.device("cuda")
+    w = (torch.randn(64, 64, generator=g) / 8).to(torch.bfloat16).to(dev)
+    nw = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16).to(dev)
+    x0 = torch.randn(3, 64, generator=g).to(torch.bfloat16).to(dev)
+    bufs = [torch.empty(3, 64, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+
+    def chain(pdl_on):
+        a, b = bufs
+        a.copy_(x0)
+        for i in range(32):
+            linear(a, w, out=b, pdl=pdl_on)
+            if i % 4 == 3:
+                rmsnorm(b, nw, 1e-5, out=a)   # the library's own launch (PDL on this GPU)
+                a, b = b, a
+            linear(b, w, out=a, pdl=pdl_on)
+        return a.clone()
+
+    want = chain(False)
+    if graphed:
+        chain(True)   # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(True)
+        for _ in range(3):
+            bufs[0].fill_(float("nan"))
+            bufs[1].fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
+    else:
+        assert torch.equal(chain(True), want)
+    # and the chain computes what the fp32 twin does step by step (not a constant)
+    ref = x0.float()
+    for i in range(32):
+        y = (ref.to(torch.bfloat16).float() @ w.float().t()).to(torch.bfloat16).float()
+        if i % 4 == 3:
+            y = rmsnorm_naive(y.to(torch.bfloat16), nw, 1e-5).float()
+        ref = (y.to(torch.bfloat16).float() @ w.float().t()).to(torch.bfloat16).float()
+    assert torch.isfinite(want).all() and (want.float() - ref).norm() < 0.1 * ref.norm()
