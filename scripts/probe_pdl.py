@@ -77,7 +77,7 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
     eng = DeviceEngine(runner)
     dlen0 = runner.cache.dlen.clone()
     reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731
-    graphs = {}
+    graphs, keep = {}, []   # keep: the plans whose buffers the graphs read must outlive the capture
     for vname, ops in VARIANTS.items():
         with pdl_off(ops):
             graphs[("ar-nsa", vname)] = capture(eng._ar_body, reset)
@@ -89,6 +89,7 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
                     p.plan(runner.cache.dlen, pos, mask)
                     model(tokens, pos, p, runner.cache)
                 graphs[(step, vname)] = capture(fwd, reset)
+                keep.append((p, fwd))
     times = {k: [] for k in graphs}
     for _ in range(reps):
         for k, g in graphs.items():
@@ -108,7 +109,7 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
         line = "  ".join(f"{r['variant']} {r['ms']:.3f}" for r in rows if r["step"] == step)
         print(f"{shape:13s} {ctx:6d} {step:11s} {line}   off/on {next(r['ms'] for r in rows if r['step'] == step and r['variant'] == 'off') / on:.3f}",
               flush=True)
-    del graphs, eng, runner, model
+    del graphs, keep, eng, runner, model
     torch.cuda.empty_cache()
     return rows
 
