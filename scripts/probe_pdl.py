@@ -48,7 +48,8 @@ def pdl_off(ops):
 
 
 VARIANTS = {"on": (), "off": ("glue", "route", "verify", "plan", "commit", "linear"), "off glue": ("glue",),
-            "off route": ("route",), "off verify": ("verify",), "off linear": ("linear",)}
+            "off route": ("route",), "off verify": ("verify",), "off linear": ("linear",), "off plan": ("plan",),
+            "off commit": ("commit",)}
 
 
 def capture(fn, before):

@@ -108,3 +108,9 @@ def test_dependent_chain_equals_plain_launches(graphed):
             y = rmsnorm_naive(y.to(torch.bfloat16), nw, 1e-5).float()
         ref = (y.to(torch.bfloat16).float() @ w.float().t()).to(torch.bfloat16).float()
     assert torch.isfinite(want).all() and (want.float() - ref).norm() < 0.1 * ref.norm()
+
+
+def test_verify_policy_plain_for_per_query_launches_over_many_queries():
+    from ssv.ops.nsa.verify_policy import pdl_pays
+    assert pdl_pays(1, 1) and pdl_pays(48, 4) and pdl_pays(48, 16)   # the AR step, strict, approximate
+    assert not pdl_pays(48, 1)                                        # sd-naive's launch

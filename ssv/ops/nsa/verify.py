@@ -10,7 +10,7 @@ import torch
 
 from ssv.ops.nsa.verify_kernels import nsa_verify_combine_kernel, nsa_verify_fwd_kernel
 from ssv.ops.nsa.verify_policy import (FOLD_MAX_SPLITS, GROUP_SIZES, launch_config, num_counters, occupancy,
-                                       plan_launch, tile_rows)
+                                       pdl_pays, plan_launch, tile_rows)
 from ssv.ops.pdl import pdl_args
 from ssv.ops.utils import pow2, sm_count
 
@@ -113,7 +113,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, po
     ws_a = torch.empty(max(lp.states * d, 1), device=q.device, dtype=torch.float32)
     # per program: the (block, query bits) work list; written and read by that program only
     items = torch.empty(lp.items, device=q.device, dtype=torch.int32)
-    pk = pdl_args(q.device)   # programmatic dependent launch on Hopper (ssv/ops/pdl.py)
+    pk = pdl_args(q.device) if pdl_pays(n, group_size) else {"PDL": False}
     nsa_verify_fwd_kernel[lp.grid](*args(ws_m, ws_l, ws_a, items, counters, lp.n_split), **lp.consts, **lp.cfg, **pk)
     if lp.n_split > 1 and not lp.fold:
         nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, lp.n_split, hq,

@@ -29,6 +29,15 @@ MAX_SPLITS = 32
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
+def pdl_pays(n: int, group_size: int) -> bool:
+    """Whether the launch takes programmatic dependent launch on Hopper (ssv/ops/pdl.py): one query (the
+    AR step) and grouped launches do; a per-query launch over many queries (sd-naive's) does not. The
+    default model's graphed 48-node verify pass (H200, bench/results/pdl/probe-pdl-8515518.json), with
+    and without PDL on this launch alone: C = 4 1.323 / 1.369 ms at 4K and 1.428 / 1.466 at 8K; C = 1
+    1.542 / 1.449 and 1.720 / 1.542. The AR step: 0.945 / 0.995 at 4K. Why C = 1 loses is not known."""
+    return n == 1 or group_size > 1
+
+
 # The launch configuration is a fixed table, what fixed-config probes measured best side by side (H200,
 # Llama 64K / 64, bench/results/probe-h200-dcbd9d3.txt): 4 warps and 3 stages for 16- and 32-row tiles
 # (2 stages 1.19x slower, 8 warps 1.14x), 8 warps for exact 64-row tiles (4 warps 1.43x slower), 4 for
