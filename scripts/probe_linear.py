@@ -110,7 +110,8 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False):
         if pdl:   # the same tiles launched plainly, for the record
             us = triton.testing.do_bench_cudagraph(triton_fn(best[0]), rep=100, return_mode="median") * 1e3 / layers
             rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=best[0].__dict__, us=us))
-            print(f"{shape:14s} {name:8s} m={m:3d} best tiles with PDL {best[1]:7.2f} us (without {us:7.2f})", flush=True)
+            print(f"{shape:14s} {name:8s} m={m:3d} best tiles with PDL {best[1]:7.2f} us (without {us:7.2f})",
+                  flush=True)
         faster = best[1] < MARGIN * base
         if invariant is not None and invariant.get("_take") and key not in best_out:
             # never a non-invariant kernel: the AR step runs this GEMM on cuBLAS, or its tiles failed or lost here

@@ -108,8 +108,8 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
     for step in ("ar-nsa", "ssv strict", "sd-naive"):
         on = next(r["ms"] for r in rows if r["step"] == step and r["variant"] == "on")
         line = "  ".join(f"{r['variant']} {r['ms']:.3f}" for r in rows if r["step"] == step)
-        print(f"{shape:13s} {ctx:6d} {step:11s} {line}   off/on {next(r['ms'] for r in rows if r['step'] == step and r['variant'] == 'off') / on:.3f}",
-              flush=True)
+        off = next(r["ms"] for r in rows if r["step"] == step and r["variant"] == "off")
+        print(f"{shape:13s} {ctx:6d} {step:11s} {line}   off/on {off / on:.3f}", flush=True)
     del graphs, keep, eng, runner, model
     torch.cuda.empty_cache()
     return rows

@@ -9,7 +9,7 @@ def accept_greedy_fwd_kernel(parents, tokens, scores, best, path, length, bonus,
                              T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
     # one program walks the tree held in registers: at each depth the children of the current node
     # whose token is the target's argmax there, the first in sibling order (max score, lower index)
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     o_t = tl.arange(0, BT)
     m_t = o_t < T
     b_p = tl.load(parents + o_t, mask=m_t, other=-2)                 # [BT]

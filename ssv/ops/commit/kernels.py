@@ -17,7 +17,7 @@ def kv_commit_fwd_kernel(
     # one program per (layer, KV head): the accepted rows moved down in increasing order (row i
     # reads P + path[i] >= P + i, and no later row reads P + i since path is strictly increasing),
     # then, after a barrier, the compressed blocks the new rows complete, read back from the cache
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_lh = tl.program_id(0).to(tl.int64)
     i_l, i_h = i_lh // H, i_lh % H
     P = tl.load(dlen).to(tl.int64)

@@ -27,7 +27,7 @@ def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen,
                           BK: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr = False):
     # program (frontier node, KV head): the G query heads of the head on the dot's rows, the ring's
     # window in BK-key tiles, then the node's own path rows as one more tile; online softmax
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_f, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     p_q = tl.load(dlen).to(tl.int64) - 1 + level - 1          # the level's query position
     o_g = tl.arange(0, BM)

@@ -8,8 +8,9 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
-def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr, GATHER: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr, GATHER: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     i = tl.program_id(0).to(tl.int64)
     # GATHER: output row i normalises input row rows[i] (an embedding lookup folded in)
     i_x = tl.load(rows + i).to(tl.int64) if GATHER else i
@@ -39,7 +40,7 @@ def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, xn, s_n, s_c, s_q
     # program (row n, head h) over Hq + Hkv heads: a query head is rotated into q_out, a KV head's
     # key rotated and its value copied into cache slot slots[n]; NORM: the projection was of the
     # un-normalized row xn[n], scaled here by its 1 / rms first
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     HALF: tl.constexpr = D // 2
     o_d = tl.arange(0, D)
@@ -70,7 +71,7 @@ def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, xn, s_n, s_c, s_q
 @triton.jit
 def swiglu_fwd_kernel(gu, y, xn, s_g, s_y, s_xn, eps, I: tl.constexpr, BI: tl.constexpr, NORM: tl.constexpr,
                       DM: tl.constexpr, BDM: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n, i_b = tl.program_id(0).to(tl.int64), tl.program_id(1)
     o_i = i_b * BI + tl.arange(0, BI)
     m_i = o_i < I

@@ -24,7 +24,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None, rows=None) -
         rows = rows.contiguous()
     if n:
         rmsnorm_fwd_kernel[(n,)](x, w, out, out if rows is None else rows, float(eps), x.stride(0), out.stride(0),
-                                 D=d, BD=triton.next_power_of_2(d), GATHER=rows is not None, **pdl_args(x.device), num_warps=4)
+                                 D=d, BD=triton.next_power_of_2(d), GATHER=rows is not None, num_warps=4,
+                                 **pdl_args(x.device))
     return out
 
 
@@ -62,7 +63,8 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
     if n:
         rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv if xn is None else xn,
                                               qkv.stride(0), s_c, q.stride(0), q.stride(1), k_cache.stride(0),
-                                              k_cache.stride(1), s_xn, eps, HQ=hq, HKV=hkv, D=d, **nk, **pdl_args(qkv.device), num_warps=1)
+                                              k_cache.stride(1), s_xn, eps, HQ=hq, HKV=hkv, D=d, **nk, num_warps=1,
+                                              **pdl_args(qkv.device))
     return q
 
 
@@ -79,5 +81,6 @@ def swiglu(gu: torch.Tensor, norm=None) -> torch.Tensor:
     bi = min(1024, triton.next_power_of_2(inter))
     if n:
         swiglu_fwd_kernel[(n, triton.cdiv(inter, bi))](gu, y, gu if xn is None else xn, gu.stride(0), y.stride(0),
-                                                       s_xn, eps, I=inter, BI=bi, **nk, **pdl_args(gu.device), num_warps=4)
+                                                       s_xn, eps, I=inter, BI=bi, **nk, num_warps=4,
+                                                       **pdl_args(gu.device))
     return y

@@ -7,7 +7,6 @@ import triton.language as tl
 from ssv.ops.pdl import pdl_prologue
 
 
-
 @triton.jit
 def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, ACC: tl.constexpr,
@@ -15,7 +14,7 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
     # program (column tile, row tile): y[BM, BN] = x[BM, :] @ w[BN, :].T over K in BK chunks on the
     # tensor cores, rows padded to 16 (one decode row wastes MMA rows, not bytes: the weights'
     # tiles are what streams, pipelined through shared memory)
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n, i_m = tl.program_id(0), tl.program_id(1)
     o_m = i_m * BM + tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)

@@ -23,7 +23,7 @@ def nsa_plan_fwd_kernel(
 ):
     # program n: row n of the path weights w[n, b, j] over slots s0 + j (j < l + N), its path's
     # block count, its tree-mask row; program 0 also the shared s0 and committed block count
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n = tl.program_id(0)
     P = tl.load(plen).to(tl.int64)
     nb_pre = tl.where(P >= L_CMP, (P - L_CMP) // STRIDE + 1, 0)

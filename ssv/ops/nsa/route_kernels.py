@@ -283,7 +283,7 @@ def nsa_route_fused_fwd_kernel(
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
     # the importance pass (its tiles come back from L2) and the top-n of the program's queries
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_g, i_h = tl.program_id(0), tl.program_id(1)
     NBPRE = tl.load(nbpre)
     S0 = tl.load(s0p)

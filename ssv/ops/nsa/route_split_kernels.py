@@ -88,7 +88,7 @@ def nsa_route_score_fwd_kernel(
     # one-sweep form), per head each selection block's sums against its tile's max; split NCS + b
     # the path-specific block b of every row (its raw score kept in sp): its own program, so the
     # path blocks' slot products run beside the compressed sweep, not after it
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
@@ -137,7 +137,7 @@ def nsa_route_merge_topk_fwd_kernel(
     # from all the states of launch 1 (o_cmp for gated NSA), the tiles' sums scaled by
     # exp2(tile max - lse) and the path blocks' probabilities, summed over the heads into the
     # importance rows; then the top-n of those rows
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     m_q = o_q < N
@@ -187,7 +187,7 @@ def nsa_route_imp_fwd_kernel(
 ):
     # two-sweep launch 2, the score launch's grid: the final log-sum-exp from all its states, then the
     # importance of a range of whole selection blocks (split NCS + b: path block b's sums)
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
@@ -222,7 +222,7 @@ def nsa_route_topk_fwd_kernel(
     PDL: tl.constexpr = False,
 ):
     # two-sweep launch 3, grid (query chunks of QC, Hkv)
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,

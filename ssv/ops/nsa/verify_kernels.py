@@ -117,7 +117,7 @@ def nsa_verify_fwd_kernel(
     FOLD: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
     # the committed prefix length, read from device memory: no launch argument moves with the
@@ -342,7 +342,7 @@ def nsa_verify_combine_kernel(
     PDL: tl.constexpr = False,
 ):
     # one program per (query, head): all KV splits' (max, sum, acc) in one load each, merged, gated
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_l = tl.program_id(0).to(tl.int64)  # query * HQ + head
     o_s = tl.arange(0, NSP)[:, None]
     m_s = o_s < NSPLIT

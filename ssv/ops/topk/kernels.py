@@ -10,7 +10,7 @@ def vocab_topk_fwd_kernel(x, vals, ids, id_map, s_x, s_o, V: tl.constexpr, BV: t
     # one program per row, the whole row in registers: K rounds of (max, lowest index at the max),
     # each pick masked out for the next round. MAP: store id_map[index] (draft -> target ids);
     # CLAMP: values capped at 0 (log-probs a rounding put above 0)
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     o_v = tl.arange(0, BV)
     b_x = tl.load(x + i_r * s_x + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)   # [BV]
@@ -33,7 +33,7 @@ def rank_topk_fwd_kernel(x, vals, ids, s_x, s_o, N, K: tl.constexpr, BN: tl.cons
     # ascending, as a stable sort puts it), counted against the row in BJ-wide chunks; the entries
     # of rank < K are stored at their rank, or (BY_INDEX) at their place among the kept in index
     # order, a prefix sum of the kept flags. Ranks are distinct, so each output slot is written once
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, BN)
     m_i = o_i < N

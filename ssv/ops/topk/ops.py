@@ -54,5 +54,6 @@ def rank_topk(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = Fa
     if r:
         bn = triton.next_power_of_2(n)
         rank_topk_fwd_kernel[(r,)](x, vals, ids, x.stride(0), vals.stride(0), n, K=k, BN=bn, BJ=min(bn, 16),
-                                   LARGEST=bool(largest), BY_INDEX=bool(by_index), **pdl_args(x.device), num_warps=8 if bn >= 512 else 4)
+                                   LARGEST=bool(largest), BY_INDEX=bool(by_index), num_warps=8 if bn >= 512 else 4,
+                                   **pdl_args(x.device))
     return vals, ids

@@ -13,7 +13,7 @@ def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, fro
     # registers: the pool writes, each candidate's rank by cumulative score (the count of candidates
     # ordered before it: larger, or equal at a lower index; NaN first, as rank_topk), and the K of
     # rank < K stored at their rank as the next frontier
-    pdl_prologue(PDL)  # first: before any load, store or early exit (ssv/ops/pdl.py)
+    pdl_prologue(PDL)
     o_c = tl.arange(0, BN)
     m_c = o_c < R * K
     o_r = o_c // K
