@@ -97,12 +97,25 @@ class Eagle3Layer(nn.Module):
                           k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots)
 
     def finish_fused(self, attn: torch.Tensor, residual: torch.Tensor, out=None) -> torch.Tensor:
-        """`finish` through the glue kernels; out: where the feature is written (a scratch range)."""
-        from ssv.ops.glue.ops import rmsnorm, swiglu
+        """`finish` as the target's fused layer runs its second half (`Block._forward_fused`): the
+        residual copied once into `out` (a scratch range; it may be a broadcast row), o_proj and
+        down_proj added into it in place, the post-attention norm folded into gate|up. The GEMMs take
+        ssv/ops/linear where its table lists them (at 16-row tiles the frontier's rows have the AR
+        step's keys), else cuBLAS and a SwiGLU launch: 4-5 launches where copy-and-add GEMMs, a norm
+        and a SwiGLU took 7."""
+        from ssv.model.layers import _add_linear, linear, tuned_linear
+        from ssv.ops.glue.ops import swiglu
         m, n = self.mlp, self.post_attention_layernorm
-        h = torch.addmm(residual, attn.to(residual.dtype), self.self_attn.o_proj.weight.t())
-        gu = F.linear(rmsnorm(h, n.weight, n.eps), _cat_cached(m, "_wgu", [m.gate_proj.weight, m.up_proj.weight]))
-        return torch.addmm(h, swiglu(gu), m.down_proj.weight.t(), out=out)
+        h = torch.empty(residual.shape, device=residual.device, dtype=residual.dtype) if out is None else out
+        h.copy_(residual)
+        _add_linear(h, attn.to(h.dtype), self.self_attn.o_proj.weight)
+        w_gu = _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n.weight)
+        lp = tuned_linear(h, w_gu, glu=True, norm=True)
+        if lp is not None:
+            g = linear(h, w_gu, norm_eps=n.eps, glu=True, launch=lp)
+        else:
+            g = swiglu(F.linear(h, w_gu), norm=(h, n.eps))
+        return _add_linear(h, g, m.down_proj.weight)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

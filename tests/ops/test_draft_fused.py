@@ -66,3 +66,47 @@ def test_fused_drafter_matches_eager(window):
     torch.testing.assert_close(b.k[:W].float(), a.k[:W].float(), **TOL)
     torch.testing.assert_close(b.v[:W].float(), a.v[:W].float(), **TOL)
     assert torch.equal(a.slot_pos, b.slot_pos) and int(a.dlen) == int(b.dlen)
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_finish_fused_matches_finish(table, tmp_path, monkeypatch):
+    """The midlayer's second half, fused as the target layer's (residual copied once, o_proj and
+    down_proj adding in place, the norm folded into gate|up), against `finish`: through cuBLAS and
+    the SwiGLU launch, and where the tile table lists the three GEMMs through ssv/ops/linear (the
+    calls counted). The residual is a broadcast row, as the root's children's; out a window of a
+    NaN-framed scratch."""
+    import json
+    import ssv.model.layers as layers
+    import ssv.ops.linear.policy as policy
+    from ssv.ops.utils import device_name
+    target = tiny_target().to(DEV, DT)
+    mid = tiny_head(target, draft_vocab=40).to(DEV, DT).midlayer
+    c = mid.c
+    with torch.no_grad():
+        mid.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    h, hd, inter, n = c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size, 6
+    calls = []
+    if table:
+        keys = [policy.gemm_key(n, h, hd, False, False, True), policy.gemm_key(n, inter, h, True, True, False),
+                policy.gemm_key(n, h, inter, False, False, True)]
+        path = tmp_path / "tiles.json"
+        path.write_text(json.dumps({device_name(torch.device(DEV)): {k: dict(bn=16, bk=16, warps=4, stages=2)
+                                                                      for k in keys}}))
+        monkeypatch.setattr(policy, "TILES", path)
+        real = layers.linear
+
+        def counted(x, w, **kw):
+            calls.append((w.shape[0], kw.get("glu", False), kw.get("norm_eps") is not None, kw.get("accumulate", False)))
+            return real(x, w, **kw)
+        monkeypatch.setattr(layers, "linear", counted)
+    g = torch.Generator().manual_seed(7)
+    attn = torch.randn(n, hd, generator=g).to(DEV, DT)
+    residual = torch.randn(1, h, generator=g).to(DEV, DT).expand(n, h)
+    scratch = torch.full((n + 2, h), float("nan"), device=DEV, dtype=DT)
+    with torch.no_grad():
+        want = mid.finish(attn, residual)
+        got = mid.finish_fused(attn, residual, out=scratch[1:n + 1])
+    assert got.data_ptr() == scratch[1].data_ptr() and scratch[0].isnan().all() and scratch[-1].isnan().all()
+    torch.testing.assert_close(got.float(), want.float(), **TOL)
+    assert sorted(calls) == (sorted([(h, False, False, True), (2 * inter, True, True, False), (h, False, False, True)])
+                             if table else [])
