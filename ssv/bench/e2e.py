@@ -291,7 +291,8 @@ def add_args(p) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="+", default=list(MODES))
     p.add_argument("--steps", nargs="*", type=int, default=None, metavar="CONTEXT",
-                   help="also (or with --no-default, only) the Llama-3.1-8B-shape step table at these contexts")
+                   help="also (or with --no-default, only) the step table at these contexts (random weights of "
+                        "--steps-shape, Llama-3.1-8B by default)")
     p.add_argument("--steps-shape", default="llama3.1-8b", choices=["llama3.1-8b", "smollm2-135m"],
                    help="the step table's model shape (random bf16 weights)")
     p.add_argument("--no-default", action="store_true", help="skip the default-model part")

@@ -41,7 +41,8 @@ from torch import nn
 
 from ssv.draft.config import (ARCHITECTURE, DEFAULT_WINDOW, Eagle3Config, check_compatible,  # noqa: F401
                               default_layer_ids)
-from ssv.model.layers import MLP, RMSNorm, _cat_cached, apply_rope, fused_glue, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import (MLP, RMSNorm, _cat_cached, add_linear, add_mlp, apply_rope, fused_glue, rope_cos_sin,
+                              rope_inv_freq)
 
 
 class Eagle3Attention(nn.Module):
@@ -103,19 +104,10 @@ class Eagle3Layer(nn.Module):
         ssv/ops/linear where its table lists them (at 16-row tiles the frontier's rows have the AR
         step's keys), else cuBLAS and a SwiGLU launch: 4-5 launches where copy-and-add GEMMs, a norm
         and a SwiGLU took 7."""
-        from ssv.model.layers import _add_linear, linear, tuned_linear
-        from ssv.ops.glue.ops import swiglu
-        m, n = self.mlp, self.post_attention_layernorm
         h = torch.empty(residual.shape, device=residual.device, dtype=residual.dtype) if out is None else out
         h.copy_(residual)
-        _add_linear(h, attn.to(h.dtype), self.self_attn.o_proj.weight)
-        w_gu = _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n.weight)
-        lp = tuned_linear(h, w_gu, glu=True, norm=True)
-        if lp is not None:
-            g = linear(h, w_gu, norm_eps=n.eps, glu=True, launch=lp)
-        else:
-            g = swiglu(F.linear(h, w_gu), norm=(h, n.eps))
-        return _add_linear(h, g, m.down_proj.weight)
+        add_linear(h, attn.to(h.dtype), self.self_attn.o_proj.weight)
+        return add_mlp(h, self.mlp, self.post_attention_layernorm)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

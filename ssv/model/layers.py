@@ -78,12 +78,26 @@ def linear(x, w, **kw):
     return _linear(x, w, **kw)
 
 
-def _add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x += a @ w.T in place (a residual), rounded once."""
     lp = tuned_linear(a, w, acc=True)
     if lp is not None:
         return linear(a, w, out=x, accumulate=True, launch=lp)
     return x.addmm_(a, w.t())
+
+
+def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm") -> torch.Tensor:
+    """x += mlp(norm(x)) in place, as the fused step runs it: the norm folded into gate|up, whose
+    GEMM ends in SwiGLU where ssv/ops/linear's table takes it (else cuBLAS and a SwiGLU launch that
+    applies the norm's row scale), and down_proj adding into x."""
+    from ssv.ops.glue.ops import swiglu
+    w_gu = _cat_cached(mlp, "_wgu_n", [mlp.gate_proj.weight, mlp.up_proj.weight], norm.weight)
+    lp = tuned_linear(x, w_gu, glu=True, norm=True)
+    if lp is not None:   # SwiGLU (and the norm's row scale) inside the GEMM's launch
+        h = linear(x, w_gu, norm_eps=norm.eps, glu=True, launch=lp)
+    else:
+        h = swiglu(F.linear(x, w_gu), norm=(x, norm.eps))
+    return add_linear(x, h, mlp.down_proj.weight)
 
 
 def fused_glue(x: torch.Tensor) -> bool:
@@ -173,17 +187,11 @@ class Block(nn.Module):
         # with a bias keeps its norm launch). In place: an out-of-place addmm copies the residual
         # into its output first, a kernel per GEMM; the caller keeps no reference to x it still
         # needs (Transformer clones its taps)
-        from ssv.ops.glue.ops import rmsnorm, swiglu
+        from ssv.ops.glue.ops import rmsnorm
         a, m, n1, n2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         if a.cfg.attn_bias:
             o = a.attend_fused(rmsnorm(x, n1.weight, n1.eps), cos, sin, plan, cache)
         else:
             o = a.attend_fused(x, cos, sin, plan, cache, norm=n1)
-        _add_linear(x, o, a.o_proj.weight)
-        w_gu = _cat_cached(m, "_wgu_n", [m.gate_proj.weight, m.up_proj.weight], n2.weight)
-        lp = tuned_linear(x, w_gu, glu=True, norm=True)
-        if lp is not None:   # SwiGLU (and the norm's row scale) inside the GEMM's launch
-            h = linear(x, w_gu, norm_eps=n2.eps, glu=True, launch=lp)
-        else:
-            h = swiglu(F.linear(x, w_gu), norm=(x, n2.eps))
-        return _add_linear(x, h, m.down_proj.weight)
+        add_linear(x, o, a.o_proj.weight)
+        return add_mlp(x, m, n2)

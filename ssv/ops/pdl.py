@@ -13,6 +13,7 @@ Triton (cuBLAS, torch) wait for the previous kernel in full, as before.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -29,7 +30,9 @@ def pdl_prologue(PDL: tl.constexpr):
 
 @functools.lru_cache(maxsize=None)
 def _hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # the interpreter runs kernels on the host, which has no griddepcontrol (CUDA tensors included)
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return not interpreted and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl(device: torch.device) -> bool:

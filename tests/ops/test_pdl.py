@@ -114,3 +114,22 @@ def test_verify_policy_plain_for_per_query_launches_over_many_queries():
     from ssv.ops.nsa.verify_policy import pdl_pays
     assert pdl_pays(1, 1) and pdl_pays(48, 4) and pdl_pays(48, 16)   # the AR step, strict, approximate
     assert not pdl_pays(48, 1)                                        # sd-naive's launch
+
+
+@pytest.mark.parametrize("C", [1, 4])
+def test_verify_asks_its_policy(C, monkeypatch):
+    """nsa_verify takes PDL through `pdl_pays(N, C)`: where the policy says no, the device is not
+    asked and the launch is plain."""
+    import ssv.ops.nsa.verify as verify
+    from ssv.config import NSAConfig
+    from ssv.ops.nsa.naive import nsa_naive
+    from .test_nsa_kernels import CFG, DEV, DTYPES, make_case
+    asked, devices = [], []
+    monkeypatch.setattr(verify, "pdl_pays", lambda n, c: asked.append((n, c)) or c > 1)
+    monkeypatch.setattr(verify, "pdl_args", lambda dev: devices.append(dev) or {"PDL": False})
+    cfg = NSAConfig(**CFG)
+    q, k, v, pos, mask, _ = make_case(3, 150, 7, 2, 2, 16, DTYPES[0], cfg)
+    idx = nsa_naive(q.float(), k.float(), v.float(), 150, pos, mask, cfg).block_indices
+    verify.nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), 150, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                      cfg.slc_block, cfg.window, group_size=C)
+    assert asked == [(7, C)] and len(devices) == (C > 1)

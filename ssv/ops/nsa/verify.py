@@ -97,8 +97,12 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, po
                 plen, n, int(window), float(scale), n_splits,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), bi.stride(0), bi.stride(1), tm.stride(0), hq)
 
+    # programmatic dependent launch on Hopper (ssv/ops/pdl.py), where the policy says it pays
+    pk = pdl_args(q.device) if pdl_pays(n, group_size) else {"PDL": False}
+
     def fit(consts, cfg, folded):  # placeholder scratch of the right dtypes: the code does not depend on it
-        return occupancy(args(lse_a, lse_a, lse_a, plen, plen, 2), consts, cfg, folded, q.device)
+        # the variant the launch compiles (PDL included), so its registers are what is counted
+        return occupancy(args(lse_a, lse_a, lse_a, plen, plen, 2), consts, {**cfg, **pk}, folded, q.device)
     lp = plan_launch(n, hq, hkv, d, block_indices.shape[-1], slc_block, int(window), prefix_len, group_size,
                      approx, gated, tma, lazy, max_rows, n_split, fold, launch, fit if q.is_cuda else None,
                      sm_count(q.device))
@@ -113,7 +117,6 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, po
     ws_a = torch.empty(max(lp.states * d, 1), device=q.device, dtype=torch.float32)
     # per program: the (block, query bits) work list; written and read by that program only
     items = torch.empty(lp.items, device=q.device, dtype=torch.int32)
-    pk = pdl_args(q.device) if pdl_pays(n, group_size) else {"PDL": False}
     nsa_verify_fwd_kernel[lp.grid](*args(ws_m, ws_l, ws_a, items, counters, lp.n_split), **lp.consts, **lp.cfg, **pk)
     if lp.n_split > 1 and not lp.fold:
         nsa_verify_combine_kernel[(n * hq,)](gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, n, lp.n_split, hq,
