@@ -34,7 +34,8 @@ def pdl_pays(n: int, group_size: int) -> bool:
     AR step) and grouped launches do; a per-query launch over many queries (sd-naive's) does not. The
     default model's graphed 48-node verify pass (H200, bench/results/pdl/probe-pdl-8515518.json), with
     and without PDL on this launch alone: C = 4 1.323 / 1.369 ms at 4K and 1.428 / 1.466 at 8K; C = 1
-    1.542 / 1.449 and 1.720 / 1.542. The AR step: 0.945 / 0.995 at 4K. Why C = 1 loses is not known."""
+    1.542 / 1.449 and 1.720 / 1.542. The AR step: 0.945 / 0.995 at 4K. Why C = 1 loses is not known;
+    approximate C = 16 was not timed apart."""
     return n == 1 or group_size > 1
 
 
