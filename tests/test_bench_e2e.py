@@ -145,3 +145,22 @@ def test_merge_e2e_keeps_each_ratio_within_its_process(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["merge", str(out)] + [str(p) for p in bad])
         with pytest.raises(ValueError, match=match):
             mod.main()
+
+
+def test_step_table_shapes():
+    """`--steps-shape` picks the random model's shape; a context past what that shape is built for is
+    refused before anything is allocated; the default model's shape is SmolLM2-135M's."""
+    import argparse
+    from ssv.bench.e2e import add_args
+    from ssv.bench.e2e_steps import SHAPES, run_steps
+    p = argparse.ArgumentParser()
+    add_args(p)
+    assert p.parse_args(["--steps", "4096", "--steps-shape", "smollm2-135m"]).steps_shape == "smollm2-135m"
+    assert p.parse_args([]).steps_shape == "llama3.1-8b"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--steps-shape", "gpt2"])
+    with pytest.raises(ValueError, match="smollm2-135m is timed up to 16384"):
+        run_steps([32768], [], shape="smollm2-135m")
+    s = SHAPES["smollm2-135m"]
+    assert (s.hidden_size, s.intermediate_size, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab_size) == \
+        (576, 1536, 30, 9, 3, 64, 49152) and s.tie_embeddings

@@ -28,7 +28,7 @@ LLAMA8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=143
                       rope=RopeConfig(theta=500000.0, scaling="llama3", factor=8.0))
 # the default model's shape: its steps timed without the checkpoint (which a device call must carry in parts)
 SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9,
-                      n_kv_heads=3, head_dim=64, max_seq_len=16384 + 512, rope=RopeConfig(theta=100000.0),
+                      n_kv_heads=3, head_dim=64, max_seq_len=16384 + 256, rope=RopeConfig(theta=100000.0),
                       tie_embeddings=True)
 SHAPES = {"llama3.1-8b": LLAMA8B, "smollm2-135m": SMOLLM2}
 
