@@ -4,9 +4,11 @@
 # On any CUDA machine with the package's dependencies:   scripts/train_draft_gpu.sh train
 # (stage/receive/unpack are for the `device` tool of this workplace, described below.)
 #
-# Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~21 MB
+# Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~32 MB
 # working tree, <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm --
-# 30 s after a call), the 98 MB GGUF travels in three parts over back-to-back calls:
+# 30 s after a call), the 98 MB GGUF travels in three parts over back-to-back calls. The tree and
+# the last part leave ~2 MB for anything else the last call carries (the wheels take 1.1 MB; a
+# benchmark can install them in the first call into /tmp instead, as the parts are kept):
 #   1. here, once:  scripts/train_draft_gpu.sh stage
 #        splits the default GGUF into .stage/draft/gguf.part{0,1,2} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
