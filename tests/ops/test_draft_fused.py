@@ -96,7 +96,8 @@ def test_finish_fused_matches_finish(table, tmp_path, monkeypatch):
         real = layers.linear
 
         def counted(x, w, **kw):
-            calls.append((w.shape[0], kw.get("glu", False), kw.get("norm_eps") is not None, kw.get("accumulate", False)))
+            calls.append((w.shape[0], kw.get("glu", False), kw.get("norm_eps") is not None,
+                          kw.get("accumulate", False)))
             return real(x, w, **kw)
         monkeypatch.setattr(layers, "linear", counted)
     g = torch.Generator().manual_seed(7)
