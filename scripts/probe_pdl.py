@@ -21,7 +21,7 @@ import ssv.ops.nsa.route as route
 import ssv.ops.nsa.verify as verify
 from ssv.attention import VerifyOptions
 from ssv.attention_device import device_plan
-from ssv.bench.e2e_steps import SHAPES, fill_cache, random_model, synthetic_tree
+from ssv.bench.e2e_steps import SHAPES, capture_graph, fill_cache, random_model, replay_ms, synthetic_tree
 from ssv.bench.kernels import environment
 from ssv.engine.device_round import DeviceEngine
 from ssv.engine.runner import Runner
@@ -52,20 +52,6 @@ VARIANTS = {"on": (), "off": ("glue", "route", "verify", "plan", "commit", "line
             "off commit": ("commit",)}
 
 
-def capture(fn, before):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            before()
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 @torch.no_grad()
 def run_case(shape: str, ctx: int, reps: int) -> list:
     cfg = SHAPES[shape]
@@ -81,7 +67,7 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
     graphs, keep = {}, []   # keep: the plans whose buffers the graphs read must outlive the capture
     for vname, ops in VARIANTS.items():
         with pdl_off(ops):
-            graphs[("ar-nsa", vname)] = capture(eng._ar_body, reset)
+            graphs[("ar-nsa", vname)] = capture_graph(eng._ar_body, reset)
             for step, vo in (("ssv strict", VerifyOptions(4)), ("sd-naive", VerifyOptions(1))):
                 p = device_plan("nsa", runner.nsa, vo, 48, runner.cache, cfg.n_heads, True)
 
@@ -89,18 +75,12 @@ def run_case(shape: str, ctx: int, reps: int) -> list:
                     pos = runner.cache.dlen.long() + depth
                     p.plan(runner.cache.dlen, pos, mask)
                     model(tokens, pos, p, runner.cache)
-                graphs[(step, vname)] = capture(fwd, reset)
+                graphs[(step, vname)] = capture_graph(fwd, reset)
                 keep.append((p, fwd))
     times = {k: [] for k in graphs}
     for _ in range(reps):
         for k, g in graphs.items():
-            reset()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times[k].append(a.elapsed_time(b))
+            times[k].append(replay_ms(g, reset))
     rows = []
     for (step, vname), t in times.items():
         ms = sorted(t)[len(t) // 2]

@@ -65,8 +65,9 @@ def fill_cache(runner: Runner, context: int, gen: torch.Generator) -> None:
     c.sync_device()
 
 
-def time_graph(fn, reps: int = 20, before=None) -> float:
-    """Median ms of fn captured as one CUDA graph (after two eager warm-ups), CUDA-event timed."""
+def capture_graph(fn, before=None) -> torch.cuda.CUDAGraph:
+    """fn captured as one CUDA graph, after two eager warm-ups (compiles, lazy buffers) on a side
+    stream; before() runs ahead of each warm-up (a state reset)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -77,16 +78,25 @@ def time_graph(fn, reps: int = 20, before=None) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    times = []
-    for _ in range(reps):
-        (before or (lambda: None))()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    return g
+
+
+def replay_ms(g: torch.cuda.CUDAGraph, before=None) -> float:
+    """One replay of g in ms, CUDA-event timed (before() runs ahead, untimed)."""
+    (before or (lambda: None))()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def time_graph(fn, reps: int = 20, before=None) -> float:
+    """Median ms of fn captured as one CUDA graph, CUDA-event timed."""
+    g = capture_graph(fn, before)
+    times = sorted(replay_ms(g, before) for _ in range(reps))
+    return times[len(times) // 2]
 
 
 RECORDED_OVERLAP = 0.82   # mean adjacent-query Jaccard overlap of the default model's recorded routing

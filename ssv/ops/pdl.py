@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ssv.ops.utils import _index
+
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
@@ -38,12 +40,9 @@ def _hopper(index: int) -> bool:
 def pdl(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: CUDA of compute capability 9 or newer (never the
     interpreter, which runs on the CPU)."""
-    if device.type != "cuda":
-        return False
-    return _hopper(device.index if device.index is not None else torch.cuda.current_device())
+    return device.type == "cuda" and _hopper(_index(device))
 
 
 def pdl_args(device: torch.device) -> dict:
     """The PDL constexpr and the launch option for a kernel launched on `device`."""
-    on = pdl(device)
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if pdl(device) else {"PDL": False}

@@ -39,8 +39,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or lp.warps < 1 or lp.stages < 1:
         raise ValueError(f"linear: tiles must be powers of two >= 16 (tl.dot), got {lp}")
     pdl = pdl_enabled(x.device) if pdl is None else pdl
-    if pdl and not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9):
-        raise ValueError("linear: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9")
+    if pdl and not pdl_enabled(x.device):
+        raise ValueError("linear: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9, "
+                         "not the interpreter")
     if m and n:
         linear_fwd_kernel[(triton.cdiv(n, lp.bn), triton.cdiv(m, lp.bm))](
             x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0), 0.0 if norm_eps is None else float(norm_eps),
