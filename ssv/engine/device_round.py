@@ -21,8 +21,7 @@ from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
-from ssv.spec.device import (accept_greedy_device, accept_sample_device, check_spec, flatten_device_masked,
-                             grow_tree, sample_device)
+from ssv.spec.device import accept_greedy_device, accept_sample_device, check_spec, grow_flat, sample_device
 
 
 def _pkey(params):
@@ -108,10 +107,8 @@ class DeviceEngine:
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
     def _draft_body(self, opts, io: dict) -> None:
         cache, dr, spec = self.runner.cache, self.drafter, opts.tree
-        tree = grow_tree(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, ids=dr.vocab_ids)
-        flat, _, mask = flatten_device_masked(tree, opts.order, spec)
-        io["tree"], io["mask"] = flat, mask
-        io["pos"] = cache.dlen.long() + flat.depth
+        io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
+                                                      cache.dlen, ids=dr.vocab_ids)
 
     def _verify_body(self, opts, io: dict) -> None:
         cache, model = self.runner.cache, self.runner.model

@@ -94,6 +94,25 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
 
     ids: log-probs (root_logp and expand's) are over these ascending token ids instead of the whole
     vocabulary (the draft vocabulary): the same ranking, as ids off it have log-prob -inf."""
+    return _kept(*grow_pool(expand, root_token, root_logp, spec, ids), spec.total_tokens, spec.top_k)
+
+
+def grow_flat(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec, order: str,
+              dlen: torch.Tensor, ids: Optional[torch.Tensor] = None):
+    """`grow_tree`, then `flatten_device_masked` in `order` and the positions dlen + depth: (the
+    flattened tree, its mask [T, T], pos [T]). On CUDA the kept set, the order, the mask and the
+    positions are one launch (ssv/ops/tree) where the tensor form is ~75."""
+    pool = grow_pool(expand, root_token, root_logp, spec, ids)
+    D, k, T = spec.depth, spec.top_k, spec.total_tokens
+    finish = _tree_finish(root_logp, T, spec.max_nodes)
+    tok, par, score, depth, pos, mask = finish(*pool, dlen, T, k, D, order)
+    return DeviceTree(tok, par, score, depth), mask, pos
+
+
+def grow_pool(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tensor, spec: TreeSpec,
+              ids: Optional[torch.Tensor] = None):
+    """`grow_tree`'s candidate pool: tok, par, score [max_nodes] (int64, int64, float64), the root
+    then every level's k * k candidates in creation order (the root alone, scored 0, when T = 1)."""
     check_spec(spec)
     D, k, T = spec.depth, spec.top_k, spec.total_tokens
     dev = root_logp.device
@@ -101,8 +120,7 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
     if T == 1:
         tok = torch.zeros(M, dtype=torch.long, device=dev)
         tok[0] = root_token
-        return _kept(tok, torch.full((M,), -1, dtype=torch.long, device=dev),
-                     torch.zeros(M, dtype=torch.float64, device=dev), T)
+        return tok, torch.full((M,), -1, dtype=torch.long, device=dev), torch.zeros(M, dtype=torch.float64, device=dev)
     # every pool entry is written by its level: the root and level 1, then k * k a level
     tok = torch.empty(M, dtype=torch.long, device=dev)
     par = torch.empty(M, dtype=torch.long, device=dev)
@@ -123,7 +141,7 @@ def grow_tree(expand: ExpandFn, root_token: torch.Tensor, root_logp: torch.Tenso
         vals, toks = _vocab_top(expand(t, f_tok, f_parent, f_rows), k, ids, clamp=True)   # [k, k] of [k, V]
         level(vals, toks, t, base, None, front, f_rows, tok, par, score, *fr[(t + 1) % 2])
         base += k * k
-    return _kept(tok, par, score, T, k)
+    return tok, par, score
 
 
 def _tree_level(x: torch.Tensor, k: int):
@@ -135,6 +153,17 @@ def _tree_level(x: torch.Tensor, k: int):
             return tree_level
     from ssv.ops.tree.naive import tree_level_naive
     return tree_level_naive
+
+
+def _tree_finish(x: torch.Tensor, T: int, M: int):
+    """The kept set, order, mask and positions of a grown pool: on CUDA one launch (ssv/ops/tree) for
+    up to 64 kept of 1024 pool nodes, else the tensor form."""
+    if x.is_cuda:
+        from ssv.ops.tree.ops import MAX_POOL, MAX_TREE, tree_finish   # lazily, as the top-k
+        if T <= MAX_TREE and M <= MAX_POOL:
+            return tree_finish
+    from ssv.ops.tree.naive import tree_finish_naive
+    return tree_finish_naive
 
 
 def _kept(tok, par, score, T: int, k: int = 1) -> DeviceTree:

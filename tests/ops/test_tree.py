@@ -1,11 +1,11 @@
-"""One draft-tree level in one launch against its tensor twin (interpreter on the CPU, compiled on a
-GPU), and grow_tree through it against build_tree."""
+"""One draft-tree level and the grown tree's finish, one launch each, against their tensor twins
+(interpreter on the CPU, compiled on a GPU), and grow_tree / grow_flat through them against build_tree."""
 import pytest
 import torch
 
 import ssv.spec.device as SD
-from ssv.ops.tree.naive import tree_level_naive
-from ssv.ops.tree.ops import tree_level
+from ssv.ops.tree.naive import tree_finish_naive, tree_level_naive
+from ssv.ops.tree.ops import tree_finish, tree_level
 from ssv.spec.tree import TreeSpec
 
 from ..spec.test_device import _grow_both
@@ -83,3 +83,69 @@ def test_tree_level_refuses_what_one_program_cannot_hold():
     with pytest.raises(ValueError, match="float64"):
         tree_level(v[:1, :4].float(), v[:1, :4].long(), 1, 1, nxt[0][:1], None, None, tok, par, score,
                    nxt[0][:4], nxt[1][:4], nxt[2][:4], torch.empty(4, D, dtype=torch.long, device=DEV))
+
+
+def _random_pool(K, D, seed, nan=False):
+    """A pool of grow_pool's layout with random parents one level up (a kept node's parent may be
+    dropped: then its parent is -1) and scores drawn from a few values (ties), -inf and NaN."""
+    g = torch.Generator().manual_seed(seed)
+    M = 1 + K + (D - 1) * K * K
+    lo = [0, 1] + [1 + K + i * K * K for i in range(D)]       # level t's first pool id
+    par = torch.full((M,), -1, dtype=torch.long)
+    for t in range(1, D + 1):
+        a, b = lo[t], min(lo[t + 1], M)
+        par[a:b] = torch.randint(lo[t - 1], lo[t], (b - a,), generator=g) if t > 1 else 0
+    score = -(torch.randint(0, 5, (M,), generator=g).double() * 0.25)
+    score[torch.rand(M, generator=g) < 0.1] = float("-inf")
+    if nan:
+        score[torch.rand(M, generator=g) < 0.05] = float("nan")
+    score[0] = 0.0
+    tok = torch.randint(0, 100, (M,), generator=g)
+    return tok.to(DEV), par.to(DEV), score.to(DEV)
+
+
+@pytest.mark.parametrize("K,D,T", [(8, 6, 48), (2, 3, 6), (3, 4, 12), (4, 1, 5), (4, 5, 1), (5, 2, 26),
+                                   (7, 3, 64), (2, 1, 3)])
+@pytest.mark.parametrize("order", ["bfs", "dfs", "pos"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_finish_matches_the_tensor_form(K, D, T, order, seed):
+    pool = _random_pool(K, D, seed, nan=seed == 1)
+    dlen = torch.tensor([1000 + seed], dtype=torch.int32, device=DEV)
+    got = tree_finish(*pool, dlen, T, K, D, order)
+    want = tree_finish_naive(*pool, dlen, T, K, D, order)
+    names = ("tokens", "parents", "scores", "depth", "pos", "mask")
+    for name, a, b in zip(names, got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a.nan_to_num(-9.0) if a.is_floating_point() else a,
+                           b.nan_to_num(-9.0) if b.is_floating_point() else b), name
+    assert got[5].diagonal().all() and torch.equal(got[4], got[3] + dlen.long())
+
+
+@pytest.mark.parametrize("spec", [TreeSpec(3, 2, 7), TreeSpec(6, 8, 48), TreeSpec(2, 16, 20)])
+@pytest.mark.parametrize("order", ["bfs", "dfs"])
+def test_grow_flat_through_the_kernels_matches_grow_tree_flattened(spec, order, monkeypatch):
+    from ..spec.test_device import _table
+    tab = _table(spec, 40, 2).to(DEV)
+    expand = lambda lv, t, p, r: tab[lv - 1][t]   # noqa: E731
+    root, dlen = torch.tensor(5, device=DEV), torch.tensor([77], dtype=torch.int32, device=DEV)
+    tree = SD.grow_tree(expand, root, tab[0, 5], spec)
+    want, _, want_mask = SD.flatten_device_masked(tree, order, spec)
+    monkeypatch.setattr(SD, "_tree_level", lambda x, k: tree_level)
+    monkeypatch.setattr(SD, "_tree_finish", lambda x, T, M: tree_finish)
+    flat, mask, pos = SD.grow_flat(expand, root, tab[0, 5], spec, order, dlen)
+    for a, b in ((flat.tokens, want.tokens), (flat.parents, want.parents), (flat.scores, want.scores),
+                 (flat.depth, want.depth), (mask, want_mask), (pos, want.depth + 77)):
+        assert torch.equal(a, b)
+
+
+def test_tree_finish_refuses_what_one_program_cannot_hold():
+    tok, par, score = _random_pool(3, 2, 0)
+    dlen = torch.zeros(1, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="order"):
+        tree_finish(tok, par, score, dlen, 5, 3, 2, "random")
+    with pytest.raises(ValueError, match="pool"):
+        tree_finish(tok, par, score, dlen, 5, 3, 3, "bfs")          # not a depth-3 pool
+    with pytest.raises(ValueError, match="pool"):
+        tree_finish(tok, par, score, dlen, tok.numel() + 1, 3, 2, "bfs")
+    with pytest.raises(ValueError, match="float64"):
+        tree_finish(tok, par, score.float(), dlen, 5, 3, 2, "bfs")

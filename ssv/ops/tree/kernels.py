@@ -53,3 +53,72 @@ def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, fro
     b_own = ((t - 1) * K + b_rank).to(tl.int64)
     b_rows = tl.where(o_d[None, :] == t - 1, b_own[:, None], b_rows)
     tl.store(rows_out + b_rank[:, None] * D + o_d[None, :], b_rows, mask=m_k[:, None] & m_d[None, :])
+
+
+@triton.jit
+def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par, o_score, o_depth, o_pos, o_mask,
+                           M: tl.constexpr, T: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                           LEVEL: tl.constexpr, BM: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    # one program: the kept set over the pool (stage 1), then the kept tree's order, mask and
+    # positions in registers (stage 2); the two stages hand over through ws_new / ws_node, so a
+    # barrier makes stage 1's stores visible to every thread of the program
+    pdl_prologue(PDL)
+    o_m = tl.arange(0, BM)
+    m_m = o_m < M
+    b_s = tl.load(score + o_m, mask=m_m, other=0.0)                                                # [BM] f64
+    n_i = b_s != b_s
+    b_rank = tl.zeros([BM], dtype=tl.int32)
+    # a node's rank among pool nodes 1.. by score: larger, or equal at a lower index (NaN first)
+    for j0 in range(1, M, BJ):
+        o_j = j0 + tl.arange(0, BJ)
+        m_j = o_j < M
+        b_sj = tl.load(score + o_j, mask=m_j, other=0.0)                                          # [BJ]
+        n_j = b_sj != b_sj
+        b_gt = (b_sj[None, :] > b_s[:, None]) | (n_j[None, :] & (n_i == 0)[:, None])               # [BM, BJ]
+        b_eq = (b_sj[None, :] == b_s[:, None]) | (n_j[None, :] & n_i[:, None])
+        b_before = (b_gt | (b_eq & (o_j[None, :] < o_m[:, None]))) & m_j[None, :]
+        b_rank += tl.sum(b_before.to(tl.int32), 1)
+    m_keep = m_m & ((o_m == 0) | (b_rank < T - 1))
+    # kept nodes numbered in pool order (the root first)
+    b_new = tl.where(m_keep, tl.cumsum(m_keep.to(tl.int32), 0) - 1, -1)
+    tl.store(ws_new + o_m, b_new.to(tl.int64), mask=m_m)
+    tl.store(ws_node + b_new, o_m.to(tl.int64), mask=m_keep)
+    tl.debug_barrier()
+
+    o_t = tl.arange(0, BT)
+    m_t = o_t < T
+    b_i = tl.load(ws_node + o_t, mask=m_t, other=0)                                                # [BT] pool ids
+    b_tk = tl.load(tok + b_i, mask=m_t, other=0)
+    b_pp = tl.load(par + b_i, mask=m_t, other=-1)
+    b_p = tl.load(ws_new + tl.maximum(b_pp, 0), mask=m_t & (b_pp >= 0), other=-1)                # kept parent
+    b_sc = tl.load(score + b_i, mask=m_t, other=0.0).to(tl.float32)
+    # depth by creation: the root, K children, then K*K a level
+    b_d = tl.where(b_i == 0, 0, tl.where(b_i <= K, 1, 2 + tl.maximum(b_i - 1 - K, 0) // (K * K))).to(tl.int64)
+    # sibling rank: descending float32 score, ties to the lower index
+    b_before = (b_sc[None, :] > b_sc[:, None]) | ((b_sc[None, :] == b_sc[:, None]) & (o_t[None, :] < o_t[:, None]))
+    b_sr = tl.sum(((b_p[None, :] == b_p[:, None]) & b_before & m_t[None, :]).to(tl.int64), 1)      # [BT]
+    # ancestors: D parent hops, each a one-hot gather over the [BT, BT] square
+    b_up = o_t.to(tl.int64)
+    b_mask = o_t[:, None] == o_t[None, :]                                                           # [BT, BT]
+    for _ in tl.static_range(D):
+        b_g = tl.sum(tl.where(o_t[None, :] == b_up[:, None], b_p[None, :], 0), 1)
+        b_up = tl.where(b_up >= 0, b_g, -1)
+        b_mask = b_mask | (b_up[:, None] == o_t[None, :])
+    b_mask = b_mask & m_t[:, None] & m_t[None, :]
+    # the path key: one BITS-wide digit (sibling rank + 1) a level, the root's level highest
+    b_w = tl.where(b_d > 0, (b_sr + 1) << (BITS * tl.maximum(D - b_d, 0)), 0)                     # [BT] i64
+    b_key = tl.sum(tl.where(b_mask, b_w[None, :], 0), 1)
+    if LEVEL:
+        b_key += b_d << (BITS * D)
+    # the traversal position: a stable ascending rank of the key
+    b_lt = (b_key[None, :] < b_key[:, None]) | ((b_key[None, :] == b_key[:, None]) & (o_t[None, :] < o_t[:, None]))
+    b_kr = tl.sum((b_lt & m_t[None, :]).to(tl.int64), 1)                                           # [BT]
+    b_fp = tl.sum(tl.where(o_t[None, :] == b_p[:, None], b_kr[None, :], 0), 1)
+    b_fp = tl.where(b_p >= 0, b_fp, -1)
+    tl.store(o_tok + b_kr, b_tk, mask=m_t)
+    tl.store(o_par + b_kr, b_fp, mask=m_t)
+    tl.store(o_score + b_kr, b_sc, mask=m_t)
+    tl.store(o_depth + b_kr, b_d, mask=m_t)
+    tl.store(o_pos + b_kr, tl.load(dlen).to(tl.int64) + b_d, mask=m_t)
+    tl.store(o_mask + b_kr[:, None] * T + b_kr[None, :], b_mask, mask=m_t[:, None] & m_t[None, :])

@@ -1,11 +1,11 @@
-"""Launcher of one draft-tree level (one launch where the tensor form is ~15)."""
+"""Launchers of a draft-tree level and of the grown tree's finish (one launch each where the tensor forms are ~15 and ~75)."""
 from __future__ import annotations
 
 import torch
 import triton
 
 from ssv.ops.pdl import pdl_args
-from ssv.ops.tree.kernels import tree_level_fwd_kernel
+from ssv.ops.tree.kernels import tree_finish_fwd_kernel, tree_level_fwd_kernel
 
 MAX_CANDIDATES = 256   # R * K in one program's registers (a [BN, BN] comparison)
 
@@ -32,3 +32,32 @@ def tree_level(vals, toks, t: int, base: int, root, front, rows_in, tok, par, sc
         tok, par, score, front_out, ftok_out, fpar_out, rows_out, int(t), int(base), vals.stride(0),
         R=R, K=K, D=D, BN=max(16, triton.next_power_of_2(R * K)), BD=max(16, triton.next_power_of_2(D)),
         FIRST=t == 1, **pdl_args(vals.device), num_warps=4)
+
+
+MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the pool)
+MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
+
+
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str):
+    """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
+
+    Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
+    the traversal order `order` ("bfs", "dfs" or "pos")."""
+    M = tok.numel()
+    if order not in ("bfs", "dfs", "pos"):
+        raise ValueError(f"tree_finish: order must be bfs, dfs or pos, got {order!r}")
+    if M != 1 + K + (D - 1) * K * K or not 1 <= T <= min(M, MAX_TREE) or M > MAX_POOL:
+        raise ValueError(f"tree_finish: {T} kept of a {M}-node pool (top-k {K}, depth {D}); at most {MAX_TREE} "
+                         f"of {MAX_POOL}")
+    if score.dtype != torch.float64 or par.shape != (M,) or score.shape != (M,):
+        raise ValueError("tree_finish: tok / par / score [M], score float64")
+    dev = tok.device
+    ws = torch.empty(M + T, dtype=torch.long, device=dev)
+    out = torch.empty(4, T, dtype=torch.long, device=dev)   # tokens, parents, depth, pos
+    scores = torch.empty(T, dtype=torch.float32, device=dev)
+    mask = torch.empty(T, T, dtype=torch.bool, device=dev)
+    tree_finish_fwd_kernel[(1,)](
+        tok, par, score, dlen, ws, ws[M:], out[0], out[1], scores, out[2], out[3], mask,
+        M=M, T=T, K=K, D=D, BITS=K.bit_length(), LEVEL=order != "dfs", BM=max(16, triton.next_power_of_2(M)),
+        BJ=32, BT=max(16, triton.next_power_of_2(T)), **pdl_args(dev), num_warps=4)
+    return out[0], out[1], scores, out[2], out[3], mask
