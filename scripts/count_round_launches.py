@@ -1,7 +1,7 @@
 """Launches of one speculative device round by phase (draft / verify / accept + commit), counted on
 the CPU as scripts/count_launches.py counts an AR step: Triton's interpreter, the CUDA glue and the
 fused EAGLE-3 drafter forced, the CUDA-only kernels (vocabulary and rank top-k, tree level, accept
-walk) swapped in for their torch twins; every Triton launch and every ATen op that would be a kernel (views excluded).
+walk, tree finish) swapped in for their torch twins; every Triton launch and every ATen op that would be a kernel (views excluded).
 The tree is the GPU default (depth 6, top-k 8, 48 tokens); verify is counted at 4 and 6 layers (a head taps 3 distinct ones).
 Usage: python3 scripts/count_round_launches.py [label]   (JSON to $OUT or bench/results)"""
 import json, os, sys
@@ -13,10 +13,11 @@ L.fused_glue = LL.fused_glue = E.fused_glue = lambda x: x.dim() == 2 and not tor
 import ssv.spec.device as SD  # noqa: E402
 import ssv.engine.device_round as DR  # noqa: E402
 from ssv.ops.topk.ops import rank_topk, vocab_topk  # noqa: E402
-from ssv.ops.tree.ops import tree_level  # noqa: E402
-from ssv.ops.accept.ops import accept_greedy_walk  # noqa: E402
+from ssv.ops.tree.ops import tree_finish, tree_level  # noqa: E402
+from ssv.ops.accept.ops import accept_greedy_round  # noqa: E402
 SD._vocab_top = lambda lp, k, ids=None, clamp=False: vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
 SD._tree_level = lambda x, k: tree_level  # noqa: E731
+SD._tree_finish = lambda x, T, M: tree_finish  # noqa: E731
 
 
 def _rank_top(x, k, largest=True, by_index=False):
@@ -25,8 +26,8 @@ def _rank_top(x, k, largest=True, by_index=False):
 
 
 SD._stable_top = _rank_top
-DR.accept_greedy_device = lambda tree, logits, d: accept_greedy_walk(tree.parents, tree.tokens, tree.scores,
-                                                                     logits.argmax(-1), d)
+DR.accept_greedy_round = lambda tree, logits, d, n, nxt, b: accept_greedy_round(  # noqa: E731
+    tree.parents, tree.tokens, tree.scores, logits.argmax(-1), d, n, nxt, b)
 from conftest import make_tiny_model  # noqa: E402
 from draft.helpers import tiny_head  # noqa: E402
 from ssv.draft import Eagle3Drafter  # noqa: E402

@@ -4,7 +4,7 @@ CUDA-graphed per bucket (vLLM/SGLang style), one device-to-host read per round.
 `DeviceEngine` owns the static state of a target Runner (and a drafter): the round's input token,
 its output record and one captured graph per bucket, keyed by what changes the shapes (the tree
 spec, traversal and verify options), never by the context length. A round is plain functions:
-draft (`grow_tree` over the drafter), verify (one target pass), accept (`accept_greedy_device`),
+draft (`grow_flat` over the drafter), verify (one target pass), accept (`accept_greedy_round`),
 commit (KV compaction and compressed blocks on the device, the drafter's rows likewise). The CPU
 runs the same code uncaptured.
 """
@@ -21,7 +21,8 @@ from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
-from ssv.spec.device import accept_greedy_device, accept_sample_device, check_spec, grow_flat, sample_device
+from ssv.ops.accept.naive import round_record_naive
+from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
 
 
 def _pkey(params):
@@ -119,20 +120,20 @@ class DeviceEngine:
     def _accept_body(self, opts, io: dict, params=None) -> None:
         cache, dr, D = self.runner.cache, self.drafter, opts.tree.depth
         flat = io["tree"]
+        # the record (accepted count, the token after each path row) and the next root are written
+        # where the host and the next round read them; greedy: by the walk's own launch
+        n, nxt = self.out[0:1], self.out[1:D + 2]
         if params is None or params.greedy:
-            path, n, bonus = accept_greedy_device(flat, io["logits"], D)
+            path, rows = accept_greedy_round(flat, io["logits"], D, n, nxt, self.tok)
         else:
-            path, n, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], opts.tree)
+            path, length, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], opts.tree)
+            rows, after = round_record_naive(flat.tokens, path, length, bonus)
+            n.copy_(length)
+            nxt.copy_(after)
+            self.tok.copy_(bonus)
         cache.commit_device(path, n, kernel=self.kernels)
-        rows = path.clamp_min(0)
-        j = torch.arange(D + 1, device=rows.device)
-        # row i of the drafter: (the target's feature at path[i], the token after it): the next
-        # accepted token, the bonus after the last
-        nxt = torch.where(j == n - 1, bonus, flat.tokens[torch.cat([rows[1:], rows[:1]])])
+        # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
-        self.out[0:1] = n
-        self.out[1:D + 2] = nxt
-        self.tok.copy_(bonus)
 
     def _spec_phases(self, opts, params=None):
         key = (opts.key(), _pkey(params))

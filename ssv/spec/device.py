@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ssv.ops.accept.naive import accept_greedy_walk_naive
+from ssv.ops.accept.naive import accept_greedy_round_naive, accept_greedy_walk_naive
 from ssv.spec.accept import probs_unchecked
 from ssv.spec.tree import ORDERS, TreeSpec, top_k_stable
 
@@ -241,6 +241,19 @@ def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int)
         if tree.n <= MAX_T:
             return accept_greedy_walk(tree.parents, tree.tokens, tree.scores, best, max_depth)
     return accept_greedy_walk_naive(tree.parents, tree.tokens, tree.scores, best, max_depth)
+
+
+def accept_greedy_round(tree: DeviceTree, logits: torch.Tensor, max_depth: int, length: torch.Tensor,
+                        nxt: torch.Tensor, bonus: torch.Tensor) -> tuple:
+    """`accept_greedy_device` and the round's record (`ssv.ops.accept.naive.round_record_naive`),
+    written into the caller's length [1], nxt [max_depth + 1] and bonus [1]; on CUDA one launch after
+    the argmax. Returns (path, rows) [max_depth + 1] each."""
+    best = logits.argmax(-1)                                                  # [T]
+    if logits.is_cuda:
+        from ssv.ops.accept.ops import MAX_T, accept_greedy_round as walk   # lazily, as the top-k
+        if tree.n <= MAX_T:
+            return walk(tree.parents, tree.tokens, tree.scores, best, max_depth, length, nxt, bonus)
+    return accept_greedy_round_naive(tree.parents, tree.tokens, tree.scores, best, max_depth, length, nxt, bonus)
 
 
 def child_table(tree: DeviceTree, k: int) -> torch.Tensor:

@@ -26,3 +26,23 @@ def accept_greedy_walk_naive(parents, tokens, scores, best, max_depth: int):
         length = length + found.long()
         alive = alive & found
     return path, length, best[cur]
+
+
+def round_record_naive(tokens, path, length, bonus):
+    """The round's record from an accepted path [D + 1] (-1 padded), its length [1] and bonus [1]:
+    rows = the path with padding at the root, and the token after each row (the next accepted
+    node's token, the bonus after the last). Returns (rows, nxt), [D + 1] each."""
+    rows = path.clamp_min(0)
+    j = torch.arange(path.numel(), device=path.device)
+    nxt = torch.where(j == length - 1, bonus, tokens[torch.cat([rows[1:], rows[:1]])])
+    return rows, nxt
+
+
+def accept_greedy_round_naive(parents, tokens, scores, best, max_depth: int, length, nxt, bonus):
+    """`accept_greedy_round` as tensor ops: the walk, then the record copied into the buffers."""
+    path, n, b = accept_greedy_walk_naive(parents, tokens, scores, best, max_depth)
+    rows, after = round_record_naive(tokens, path, n, b)
+    length.copy_(n)
+    nxt.copy_(after)
+    bonus.copy_(b)
+    return path, rows
