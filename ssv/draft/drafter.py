@@ -214,18 +214,22 @@ class Eagle3Drafter:
         real = ar < n
         cos, sin = self.head.rope(pos)
         mid = self.head.midlayer
-        if self.fused:
+        if self.fused and R <= W:
+            from ssv.ops.draft_attn.ops import draft_attn_rows
             k = torch.empty(R, *self.k.shape[1:], dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
             q = mid.qkv_write(self.embed.weight, tokens, hidden, cos, sin, k, v, ar)
+            # the ring's window and the real rows before each row, in one launch
+            a = draft_attn_rows(q, self.k, self.v, self.slot_pos, k, v, self.dlen, n, W)
+            out = mid.finish_fused(a, hidden)
         else:
             q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, cos, sin)
-        ring = self.slot_pos[:W]
-        vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
-        vis_new = (pos[None] <= pos[:, None]) & real[None]
-        vis_new = vis_new | torch.eye(R, dtype=torch.bool, device=self.device)  # padded rows see themselves
-        out = self._attend(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
-                           torch.cat([vis_ring, vis_new], 1), hidden)
+            ring = self.slot_pos[:W]
+            vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
+            vis_new = (pos[None] <= pos[:, None]) & real[None]
+            vis_new = vis_new | torch.eye(R, dtype=torch.bool, device=self.device)  # padded rows see themselves
+            out = self._attend(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
+                               torch.cat([vis_ring, vis_new], 1), hidden)
         slots = torch.where(real, pos % W, W)
         self.k.index_copy_(0, slots, k)
         self.v.index_copy_(0, slots, v)

@@ -1,9 +1,10 @@
-"""The draft level's attention kernel against its tensor twin (interpreter on the CPU, compiled on a GPU)."""
+"""The draft level's and the commit rows' attention kernel against their tensor twins (interpreter on the
+CPU, compiled on a GPU)."""
 import pytest
 import torch
 
-from ssv.ops.draft_attn.naive import draft_attn_naive
-from ssv.ops.draft_attn.ops import draft_attn
+from ssv.ops.draft_attn.naive import draft_attn_naive, draft_attn_rows_naive
+from ssv.ops.draft_attn.ops import draft_attn, draft_attn_rows
 
 from .test_nsa_kernels import DEV, DTYPES
 
@@ -82,3 +83,62 @@ def test_draft_attn_never_reads_what_it_cannot_see():
     got = draft_attn(q, kr, vr, ring, ks, vs, path, dl, 4, 40)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("r,hq,hkv,d,W,used,dlen,n", [
+    (7, 9, 3, 64, 512, 512, 4100, 3),        # the default head's commit of a depth-6 path, a full ring
+    (7, 9, 3, 64, 512, 512, 4100, 7),        # every row real
+    (4, 4, 2, 16, 5, 5, 40, 1),              # a window shorter than the ring's span: each row sees fewer
+    (3, 8, 8, 32, 100, 37, 37, 2),           # a ring not yet full
+    (5, 4, 2, 8, 20, 0, 0, 5),               # an empty ring (the first commit): rows see only rows
+])
+def test_draft_attn_rows_matches_naive(r, hq, hkv, d, W, used, dlen, n):
+    g = torch.Generator().manual_seed(r + W + n)
+    q = torch.randn(r, hq, d, generator=g)
+    kr, vr = (torch.randn(W + 1, hkv, d, generator=g) for _ in range(2))
+    kn, vn = (torch.randn(r, hkv, d, generator=g) for _ in range(2))
+    ring = torch.full((W + 1,), -1, dtype=torch.long)
+    p = torch.arange(dlen - used, dlen)
+    ring[p % W] = p
+    q, kr, vr, kn, vn, ring = (t.to(DEV) for t in (q, kr, vr, kn, vn, ring))
+    dl, nn = torch.tensor([dlen], device=DEV), torch.tensor([n], device=DEV)
+    want = draft_attn_rows_naive(q.float(), kr.float(), vr.float(), ring, kn.float(), vn.float(), dl, nn, W)
+    got = draft_attn_rows(q.to(DT), kr.to(DT), vr.to(DT), ring, kn.to(DT), vn.to(DT), dl, nn, W)
+    assert got.dtype == DT and not got.isnan().any()
+    torch.testing.assert_close(got.float(), want, **TOL)
+    # the rows past n only see themselves among the new rows: changing a padded row's k / v moves
+    # only that row's output
+    if n < r:
+        kn2 = kn.clone()
+        kn2[n:] = torch.randn(r - n, hkv, d, generator=g).to(DEV)
+        got2 = draft_attn_rows(q.to(DT), kr.to(DT), vr.to(DT), ring, kn2.to(DT), vn.to(DT), dl, nn, W)
+        assert torch.equal(got2[:n], got[:n]) and not torch.equal(got2[n:], got[n:])
+
+
+def test_draft_attn_rows_equals_the_drafters_commit_visibility():
+    """The naive twin is the visibility `commit_rows` builds as tensors."""
+    r, W, dlen, n = 6, 8, 21, 4
+    ring = torch.full((W,), -1, dtype=torch.long)
+    p = torch.arange(dlen - W, dlen)
+    ring[p % W] = p
+    pos = dlen + torch.arange(r)
+    real = torch.arange(r) < n
+    vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
+    vis_new = ((pos[None] <= pos[:, None]) & real[None]) | torch.eye(r, dtype=torch.bool)
+    # one-hot values: o[i] over the visible keys' values is uniform, so the visible set shows in o
+    q = torch.zeros(r, 1, 16)
+    k = torch.zeros(W, 1, 16)
+    v = torch.eye(W + r, 16).reshape(W + r, 1, 16)          # W + r <= 16: value s is one-hot at s
+    o = draft_attn_rows_naive(q, k, v[:W], ring, torch.zeros(r, 1, 16), v[W:], torch.tensor([dlen]),
+                              torch.tensor([n]), W)
+    vis = torch.cat([vis_ring, vis_new], 1).float()
+    torch.testing.assert_close(o[:, :W + r], vis / vis.sum(1, keepdim=True))
+
+
+def test_draft_attn_rows_refuses_more_rows_than_the_window():
+    q = torch.zeros(5, 2, 16, device=DEV)
+    kr = torch.zeros(4, 1, 16, device=DEV)
+    kn = torch.zeros(5, 1, 16, device=DEV)
+    one = torch.ones(1, dtype=torch.long, device=DEV)
+    with pytest.raises(ValueError, match="window"):
+        draft_attn_rows(q, kr, kr, torch.zeros(4, dtype=torch.long, device=DEV), kn, kn, one, one, 4)

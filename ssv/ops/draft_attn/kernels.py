@@ -21,15 +21,22 @@ def _online_tile(b_q, p_k, p_v, m_k, m_d, b_m, b_l, b_acc, scale):
 
 
 @triton.jit
-def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen, o, level, scale,
+def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen, n_real, o, level, scale,
                           s_qn, s_qh, s_rk, s_rh, s_sk, s_sh, s_pn, s_on,
                           W: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                          BK: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr = False):
+                          BK: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr,
+                          PDL: tl.constexpr = False):
     # program (frontier node, KV head): the G query heads of the head on the dot's rows, the ring's
-    # window in BK-key tiles, then the node's own path rows as one more tile; online softmax
+    # window in BK-key tiles, then the node's own path rows as one more tile; online softmax.
+    # ROWS: the programs are a chain of rows being committed, row f one position after row f - 1
+    # (its level is level + f), its path the chain's rows up to it of which the first n_real are real
     pdl_prologue(PDL)
     i_f, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    p_q = tl.load(dlen).to(tl.int64) - 1 + level - 1          # the level's query position
+    if ROWS:
+        lvl = level + i_f
+    else:
+        lvl = level + 0 * i_f
+    p_q = tl.load(dlen).to(tl.int64) - 1 + lvl - 1            # the level's query position
     o_g = tl.arange(0, BM)
     m_g = o_g < G
     o_d = tl.arange(0, BD)       # head dim padded to the dot's 16
@@ -47,8 +54,12 @@ def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen,
         b_m, b_l, b_acc = _online_tile(b_q, k_ring + p_k, v_ring + p_k, m_k, m_d, b_m, b_l, b_acc, scale)
     # the path: column j is the ancestor at depth j + 1, visible within the window
     o_j = tl.arange(0, BP)
-    b_r = tl.load(path + i_f * s_pn + o_j, mask=o_j < DP, other=-1).to(tl.int64)
-    m_j = (b_r >= 0) & ((level - 1) - (o_j + 1) < W)
+    if ROWS:    # the real rows before it and itself (a padded row sees itself)
+        b_n = tl.load(n_real).to(tl.int64)
+        b_r = tl.where((o_j <= i_f) & ((o_j < b_n) | (o_j == i_f)), o_j, -1).to(tl.int64)
+    else:
+        b_r = tl.load(path + i_f * s_pn + o_j, mask=o_j < DP, other=-1).to(tl.int64)
+    m_j = (b_r >= 0) & ((lvl - 1) - (o_j + 1) < W)
     p_s = tl.maximum(b_r, 0)[:, None] * s_sk + i_h * s_sh + o_d[None, :]
     b_m, b_l, b_acc = _online_tile(b_q, k_scr + p_s, v_scr + p_s, m_j, m_d, b_m, b_l, b_acc, scale)
     p_o = o + i_f * s_on + (i_h * G + o_g)[:, None] * D + o_d[None, :]

@@ -39,3 +39,27 @@ def draft_attn_naive(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor
     s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
     o = torch.einsum("nhgm,mhd->nhgd", torch.softmax(s, -1), v)
     return o.reshape(n, hq * d)
+
+
+def draft_attn_rows_naive(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring_pos: torch.Tensor,
+                          k_new: torch.Tensor, v_new: torch.Tensor, dlen: torch.Tensor, n: torch.Tensor, window: int,
+                          scale=None) -> torch.Tensor:
+    """The drafter's commit of R rows (`Eagle3Drafter.commit_rows`' visibility): row i at position
+    p_i = dlen + i sees ring slot s when ring_pos[s] >= 0 and ring_pos[s] > p_i - W, and new row j
+    when j <= i and j < n, or j = i (a padded row sees itself) -> o [R, Hq * D] fp32."""
+    r, hq, d = q.shape
+    W = window
+    hkv = k_ring.shape[1]
+    ar = torch.arange(r, device=q.device)
+    pos = dlen.reshape(()).long() + ar
+    ring = ring_pos[:W]
+    vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
+    vis_new = ((ar[None] <= ar[:, None]) & (ar[None] < n)) | (ar[None] == ar[:, None])
+    vis = torch.cat([vis_ring, vis_new], 1)
+    k = torch.cat([k_ring[:W], k_new]).float()
+    v = torch.cat([v_ring[:W], v_new]).float()
+    qf = q.float().view(r, hkv, hq // hkv, d)
+    s = torch.einsum("nhgd,mhd->nhgm", qf, k) * (d ** -0.5 if scale is None else scale)
+    s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
+    o = torch.einsum("nhgm,mhd->nhgd", torch.softmax(s, -1), v)
+    return o.reshape(r, hq * d)

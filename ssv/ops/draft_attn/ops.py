@@ -1,4 +1,5 @@
-"""Launcher of the draft level's attention (one launch where the tensor form is ~20)."""
+"""Launchers of the draft level's attention and of the drafter's commit rows' (one launch each where the
+tensor forms are ~20 and ~15)."""
 from __future__ import annotations
 
 import torch
@@ -34,10 +35,42 @@ def draft_attn(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring
     o = torch.empty(f, hq * d, device=q.device, dtype=q.dtype)
     if f:
         draft_attn_fwd_kernel[(f, hkv)](
-            q, k_ring, v_ring, ring_pos, k_scr, v_scr, path_rows, dlen, o, int(level),
+            q, k_ring, v_ring, ring_pos, k_scr, v_scr, path_rows, dlen, dlen, o, int(level),
             float(d ** -0.5 if scale is None else scale), q.stride(0), q.stride(1), k_ring.stride(0),
             k_ring.stride(1), k_scr.stride(0), k_scr.stride(1), path_rows.stride(0), o.stride(0),
             W=int(window), G=g, BM=max(16, triton.next_power_of_2(g)), D=d, BD=max(16, triton.next_power_of_2(d)),
             BK=max(16, min(64, triton.next_power_of_2(window))), DP=path_rows.shape[1],
-            BP=max(16, triton.next_power_of_2(path_rows.shape[1])), **pdl_args(q.device), num_warps=4)
+            BP=max(16, triton.next_power_of_2(path_rows.shape[1])), ROWS=False, **pdl_args(q.device), num_warps=4)
+    return o
+
+
+def draft_attn_rows(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, ring_pos: torch.Tensor,
+                    k_new: torch.Tensor, v_new: torch.Tensor, dlen: torch.Tensor, n: torch.Tensor, window: int,
+                    scale=None) -> torch.Tensor:
+    """`draft_attn_rows_naive` in one launch (the drafter's commit of R rows, R <= W): row i at
+    position dlen + i sees the ring inside its window and the new rows j <= i of the first n [1]
+    (a padded row i >= n sees itself). q [R, Hq, D]; k_new / v_new [R, Hkv, D] -> o [R, Hq * D]."""
+    r, hq, d = q.shape
+    hkv = k_ring.shape[1]
+    if k_new.shape != (r, hkv, d) or v_new.shape != k_new.shape or hq % hkv or k_ring.shape[2] != d:
+        raise ValueError(f"draft_attn_rows: q [R, Hq, D] and the new rows' k / v [R, Hkv, D]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k_new.shape)}, ring {tuple(k_ring.shape)}")
+    if r > window or k_ring.shape[0] < window or ring_pos.numel() < window:
+        raise ValueError(f"draft_attn_rows: {r} rows for a window of {window} in a ring of {k_ring.shape[0]} slots")
+    for t in (k_ring, v_ring, k_new, v_new):
+        if t.stride(2) != 1:
+            raise ValueError("draft_attn_rows: keys and values need contiguous head rows")
+    if v_ring.stride() != k_ring.stride() or v_new.stride() != k_new.stride():
+        raise ValueError("draft_attn_rows: keys and values must share strides")
+    q = q if q.stride(2) == 1 else q.contiguous()
+    o = torch.empty(r, hq * d, device=q.device, dtype=q.dtype)
+    if r:
+        g = hq // hkv
+        draft_attn_fwd_kernel[(r, hkv)](
+            q, k_ring, v_ring, ring_pos.contiguous(), k_new, v_new, ring_pos, dlen, n, o, 2,
+            float(d ** -0.5 if scale is None else scale), q.stride(0), q.stride(1), k_ring.stride(0),
+            k_ring.stride(1), k_new.stride(0), k_new.stride(1), 0, o.stride(0),
+            W=int(window), G=g, BM=max(16, triton.next_power_of_2(g)), D=d, BD=max(16, triton.next_power_of_2(d)),
+            BK=max(16, min(64, triton.next_power_of_2(window))), DP=r, BP=max(16, triton.next_power_of_2(r)),
+            ROWS=True, **pdl_args(q.device), num_warps=4)
     return o
