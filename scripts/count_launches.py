@@ -16,6 +16,7 @@ from ssv.engine.runner import Runner  # noqa: E402
 def count(attention, layers):
     t = make_tiny_model(1, vocab=64, n_layers=layers, n_heads=4, n_kv_heads=2, head_dim=64, hidden=128, intermediate=256)
     r = Runner(t, attention=attention, nsa=NSA, max_len=300, backend="triton")
+    r.cache.rope = r.model.rope_table(r.cache.max_len + r.cache.scratch)   # as the Runner on CUDA
     with torch.no_grad():
         r.prefill(list(range(1, 60)))
     e = DeviceEngine(r, graphs=False)

@@ -41,6 +41,7 @@ def count(layers):
     t = make_tiny_model(1, vocab=256, n_layers=layers, n_heads=4, n_kv_heads=2, head_dim=64, hidden=128,
                         intermediate=256)
     r = Runner(t, attention="nsa", nsa=NSA, max_len=400, backend="triton")
+    r.cache.rope = r.model.rope_table(r.cache.max_len + r.cache.scratch)   # as the Runner on CUDA
     d = Eagle3Drafter(tiny_head(t, draft_vocab=128), t, fused=True)
     with torch.no_grad():
         _, taps = r.prefill(list(range(1, 60)), taps=d.taps)

@@ -34,6 +34,9 @@ class KVCache:
         # the committed length on the device, read by the device-resident round (its kernels, slot
         # maps and commits); `sync_device` / `advance_host` hand it over between the two
         self.dlen = torch.zeros(1, dtype=torch.int32, device=device)
+        # (cos, sin) [max_len + scratch, head_dim] by position, set by the Runner on CUDA: the fused
+        # step's RoPE kernel reads its rows (every position a row of the cache can hold)
+        self.rope = None
 
     def reset(self) -> None:
         self.length = self.n_cmp = 0

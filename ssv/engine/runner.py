@@ -35,6 +35,8 @@ class Runner:
             raise ValueError("this checkpoint was trained with gated NSA; its gating cannot be changed")
         ml = self.max_len or self.model.cfg.max_seq_len
         self.cache = self.model.new_cache(ml, self.scratch, self.nsa if self.attention == "nsa" else None)
+        if self.device.type == "cuda":
+            self.cache.rope = self.model.rope_table(ml + self.scratch)
 
     @property
     def device(self):

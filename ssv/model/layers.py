@@ -129,9 +129,10 @@ class Attention(nn.Module):
         gated = cfg.nsa is not None and cfg.nsa.gating == "gated"
         self.g_proj = nn.Linear(cfg.hidden_size, h * 3, bias=False) if gated else None
 
-    def attend_fused(self, x, cos, sin, plan, cache, norm: "RMSNorm | None" = None):
+    def attend_fused(self, x, cos, sin, plan, cache, norm: "RMSNorm | None" = None, pos=None):
         """One projection, one RoPE + cache-write launch, then the plan: o [N, Hq * D] before o_proj.
-        norm: x is the un-normalized input of this RMSNorm, folded into the projection (no bias)."""
+        norm: x is the un-normalized input of this RMSNorm, folded into the projection (no bias);
+        pos: cos / sin are tables by position, pos [N] the rows' positions."""
         from ssv.ops.glue.ops import rope_write
         n, c = x.shape[0], self.cfg
         parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
@@ -145,7 +146,8 @@ class Attention(nn.Module):
         else:
             qkv = F.linear(x, w, b)
         q = rope_write(qkv, cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
-                       cache.v[self.layer], plan.slots(cache, n), norm=None if norm is None else (x, norm.eps))
+                       cache.v[self.layer], plan.slots(cache, n), norm=None if norm is None else (x, norm.eps),
+                       pos=pos)
         return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
 
     def forward(self, x, cos, sin, plan, cache):
@@ -168,16 +170,20 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, plan, cache):
+    def forward(self, x, cos, sin, plan, cache, pos=None):
+        """pos: cos / sin are tables by position and pos [N] the rows' positions (read by the fused
+        RoPE kernel; gathered here for the eager layer)."""
         if fused_glue(x) and self.self_attn.g_proj is None:
-            return self._forward_fused(x, cos, sin, plan, cache)
+            return self._forward_fused(x, cos, sin, plan, cache, pos)
+        if pos is not None:
+            cos, sin = cos[pos], sin[pos]
         return self._forward_eager(x, cos, sin, plan, cache)
 
     def _forward_eager(self, x, cos, sin, plan, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def _forward_fused(self, x, cos, sin, plan, cache):
+    def _forward_fused(self, x, cos, sin, plan, cache, pos=None):
         # 5-6 launches besides attention's: four GEMMs (two add the residual in place; the gate|up
         # one ends in SwiGLU where ssv/ops/linear's table takes it, else cuBLAS and a SwiGLU
         # launch), one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
@@ -190,8 +196,8 @@ class Block(nn.Module):
         from ssv.ops.glue.ops import rmsnorm
         a, m, n1, n2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         if a.cfg.attn_bias:
-            o = a.attend_fused(rmsnorm(x, n1.weight, n1.eps), cos, sin, plan, cache)
+            o = a.attend_fused(rmsnorm(x, n1.weight, n1.eps), cos, sin, plan, cache, pos=pos)
         else:
-            o = a.attend_fused(x, cos, sin, plan, cache, norm=n1)
+            o = a.attend_fused(x, cos, sin, plan, cache, norm=n1, pos=pos)
         add_linear(x, o, a.o_proj.weight)
         return add_mlp(x, m, n2)

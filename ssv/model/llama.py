@@ -65,6 +65,11 @@ class Transformer(nn.Module):
             return torch.mm(x, w.T, out_dtype=torch.float32)
         return F.linear(x, w).float()
 
+    def rope_table(self, n: int):
+        """cos, sin [n, head_dim] fp32 of positions 0..n-1, as `rope_cos_sin` computes them (the same
+        elementwise ops on the same values: the same bits)."""
+        return rope_cos_sin(torch.arange(n, device=self.inv_freq.device), self.inv_freq)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
                 logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):
         """tokens/positions [N] of the step's new tokens. Returns (logits [R, V] fp32, tapped hidden states).
@@ -73,12 +78,18 @@ class Transformer(nn.Module):
         (hidden states after that layer, before the final norm) are returned, EAGLE-3 style.
         """
         x = self.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        table = getattr(cache, "rope", None)
+        if table is not None and fused_glue(x):
+            # the RoPE kernel reads each row's cos / sin from the cache's table by position: none
+            # of the five launches that compute them
+            (cos, sin), rows = table, positions
+        else:
+            (cos, sin), rows = rope_cos_sin(positions, self.inv_freq), None
         tapped = []
         # the fused layers add their residuals into x in place: a tap is a copy
         keep = (lambda t: t.clone()) if fused_glue(x) else (lambda t: t)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, plan, cache)
+            x = layer(x, cos, sin, plan, cache, rows)
             if i in taps:
                 tapped.append(keep(x))
         h = x if logits_rows is None else x[logits_rows]

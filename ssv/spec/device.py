@@ -169,8 +169,9 @@ def _tree_finish(x: torch.Tensor, T: int, M: int):
 def _kept(tok, par, score, T: int, k: int = 1) -> DeviceTree:
     M = tok.numel()
     dev = tok.device
-    _, order = _stable_top(score[1:], T - 1, by_index=True)
-    kept = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), order + 1])
+    kept = torch.zeros(1, dtype=torch.long, device=dev)
+    if T > 1:   # (the rank kernel takes k >= 1)
+        kept = torch.cat([kept, _stable_top(score[1:], T - 1, by_index=True)[1] + 1])
     new_index = torch.full((M,), -1, dtype=torch.long, device=dev)
     new_index[kept] = torch.arange(T, device=dev)
     parents = torch.where(par[kept] >= 0, new_index[par[kept].clamp_min(0)], par[kept])

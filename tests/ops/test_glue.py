@@ -56,6 +56,30 @@ def test_rope_write_with_one_shared_position():
         rope_write(qkv, cos.expand(2, d), sin.expand(2, d), hq, hkv, caches[0], caches[1], slots)
 
 
+@pytest.mark.parametrize("n,dm", [(1, 0), (7, 48)])
+def test_rope_write_reads_table_rows_by_position(n, dm):
+    """cos / sin as tables and each row's position: the same bits as the rows handed over."""
+    g = torch.Generator().manual_seed(n + dm)
+    hq, hkv, d, P = 4, 2, 16, 300
+    norm = _norm_input(n, dm, g)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=g).to(DT).to(DEV)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    f = torch.arange(P).float()[:, None] * inv[None]
+    cos, sin = torch.cat([f, f], -1).cos().to(DEV), torch.cat([f, f], -1).sin().to(DEV)
+    pos = torch.randint(0, P, (n,), generator=g).to(DEV)
+    slots = torch.randperm(20, generator=g)[:n].to(DEV)
+    caches = [torch.full((hkv, 20, d), float("nan"), dtype=DT, device=DEV) for _ in range(6)]
+    q = rope_write(qkv, cos, sin, hq, hkv, caches[0], caches[1], slots, norm=norm, pos=pos)
+    q_rows = rope_write(qkv, cos[pos], sin[pos], hq, hkv, caches[2], caches[3], slots, norm=norm)
+    q_ref = rope_write_naive(qkv, cos, sin, hq, hkv, caches[4], caches[5], slots, norm=norm, pos=pos)
+    assert torch.equal(q, q_rows)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    for a, b in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    with pytest.raises(ValueError, match="rope_write: pos"):
+        rope_write(qkv, cos, sin, hq, hkv, caches[0], caches[1], slots, pos=pos[:1].expand(n + 1))
+
+
 def _norm_input(n, dm, g):
     """An un-normalized layer input (rows of very different scales) and its eps, or None."""
     if not dm:
@@ -176,6 +200,31 @@ def test_fused_model_forward_equals_eager_with_taps(monkeypatch):
         else:   # 4 layers of bf16 roundings, in another order where the norms are folded (H200:
             # 1.5e-2 in one tap; a fold that drops the norm weights, uniform in [0.5, 1.5], is ~0.3)
             assert not b.isnan().any() and ((b - a).norm() / a.norm()).item() < 3e-2
+
+
+def test_fused_forward_with_the_caches_rope_table_is_bitwise_the_computed_rows(monkeypatch):
+    """The Runner's RoPE table (CUDA) read by position in the fused layers: the same logits and cache
+    rows, bit for bit, as cos / sin computed for the step's positions (a tree's, not a chain's)."""
+    import ssv.model.layers as layers
+    import ssv.model.llama as llama
+    flag = lambda x: x.dim() == 2 and not torch.is_grad_enabled()   # noqa: E731
+    monkeypatch.setattr(layers, "fused_glue", flag)
+    monkeypatch.setattr(llama, "fused_glue", flag)
+    model = make_tiny_model(4, n_layers=3).to(DEV)
+    if DT != torch.float32:
+        model = model.to(DT)
+    outs = []
+    for table in (False, True):
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.cache.rope = model.rope_table(64 + r.scratch) if table else None
+        r.prefill(list(range(3, 20)))
+        pos = torch.tensor([17, 18, 18, 19, 20])
+        mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]).bool()
+        logits, _ = r.forward(torch.arange(5) + 30, StepMeta(r.length, pos, mask))
+        outs.append((logits, r.cache.k[:, :, :r.length + 5].clone(), r.cache.v[:, :, :r.length + 5].clone()))
+    assert (outs[1][0] != 0).any()
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
 def test_fused_block_with_the_linear_kernel_equals_eager(tmp_path, monkeypatch):

@@ -34,11 +34,12 @@ def _row_rsqrt(xn, i_n, s_xn, eps, DM: tl.constexpr, BDM: tl.constexpr):
 
 
 @triton.jit
-def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, xn, s_n, s_c, s_qn, s_qh, s_kh, s_kt, s_xn, eps,
+def rope_write_fwd_kernel(qkv, cos, sin, slots, pos, q_out, kc, vc, xn, s_n, s_c, s_qn, s_qh, s_kh, s_kt, s_xn, eps,
                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
-                          DM: tl.constexpr, BDM: tl.constexpr, PDL: tl.constexpr = False):
+                          DM: tl.constexpr, BDM: tl.constexpr, POS: tl.constexpr, PDL: tl.constexpr = False):
     # program (row n, head h) over Hq + Hkv heads: a query head is rotated into q_out, a KV head's
-    # key rotated and its value copied into cache slot slots[n]; NORM: the projection was of the
+    # key rotated and its value copied into cache slot slots[n] (POS: cos / sin rows pos[n] of a
+    # table); NORM: the projection was of the
     # un-normalized row xn[n], scaled here by its 1 / rms first
     pdl_prologue(PDL)
     i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -46,8 +47,12 @@ def rope_write_fwd_kernel(qkv, cos, sin, slots, q_out, kc, vc, xn, s_n, s_c, s_q
     o_d = tl.arange(0, D)
     o_r = tl.where(o_d < HALF, o_d + HALF, o_d - HALF)          # rotate-half partner
     sign = tl.where(o_d < HALF, -1.0, 1.0)
-    b_c = tl.load(cos + i_n * s_c + o_d)
-    b_s = tl.load(sin + i_n * s_c + o_d)
+    if POS:     # cos / sin are tables by position: the row's own
+        i_c = tl.load(pos + i_n).to(tl.int64)
+    else:
+        i_c = i_n
+    b_c = tl.load(cos + i_c * s_c + o_d)
+    b_s = tl.load(sin + i_c * s_c + o_d)
     base = qkv + i_n * s_n + i_h * D
     b_x = tl.load(base + o_d).to(tl.float32)
     b_p = tl.load(base + o_r).to(tl.float32) * sign

@@ -22,9 +22,13 @@ def fold_norm(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def rope_write_naive(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None) -> torch.Tensor:
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None,
+                     pos=None) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) D]; RoPE (rotate-half) on q and k; k, v stored at `slots` of the caches
-    [Hkv, L, D]. Returns q [N, Hq, D]. norm (x, eps): qkv is first scaled by x's 1 / rms (fp32)."""
+    [Hkv, L, D]. Returns q [N, Hq, D]. norm (x, eps): qkv is first scaled by x's 1 / rms (fp32).
+    pos [N]: cos / sin are tables by position, row n uses their rows pos[n]."""
+    if pos is not None:
+        cos, sin = cos[pos], sin[pos]
     n = qkv.shape[0]
     d = cos.shape[-1]
     dt = qkv.dtype

@@ -1,6 +1,8 @@
 """Launchers of the fused glue kernels (shapes checked here, launch sizes fixed by the shapes)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 
@@ -40,10 +42,12 @@ def _norm_args(norm, n: int, device) -> tuple:
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
-               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None) -> torch.Tensor:
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None,
+               pos: Optional[torch.Tensor] = None) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) D] (one projection) -> q [N, Hq, D] with RoPE; k (RoPE) and v stored at
     `slots` [N] of k_cache / v_cache [Hkv, L, D]. cos / sin [N, D], or [1, D] for one position
-    shared by every row. One launch instead of ~20. norm (x [N, Dm], eps): qkv projects the
+    shared by every row, or with pos [N] (int64) tables [P, D] whose rows pos[n] the kernel reads (the
+    caller keeps pos < P). One launch instead of ~20. norm (x [N, Dm], eps): qkv projects the
     un-normalized x with the norm's weight folded into its columns; every row is first scaled by
     x's 1 / rms (the RMSNorm launch before the projection saved)."""
     n = qkv.shape[0]
@@ -55,15 +59,21 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
         raise ValueError("rope_write: k and v caches must share shape and strides, rows contiguous")
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     slots = slots.contiguous()   # the kernel reads slots[n] at n: a strided column would be misread
-    if cos.shape != sin.shape or cos.shape[0] not in (1, n):
+    if pos is not None:
+        if pos.shape != (n,) or pos.dtype not in (torch.int32, torch.int64) or cos.shape != sin.shape:
+            raise ValueError(f"rope_write: pos must be [{n}] integer and cos / sin tables of one shape, got "
+                             f"{tuple(pos.shape)} {pos.dtype}, {tuple(cos.shape)} / {tuple(sin.shape)}")
+        pos = pos.contiguous()
+    elif cos.shape != sin.shape or cos.shape[0] not in (1, n):
         raise ValueError(f"rope_write: cos / sin must be [{n}, D] or [1, D], got {tuple(cos.shape)}")
     xn, s_xn, eps, nk = _norm_args(norm, n, qkv.device)
     q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
-    s_c = cos.stride(0) if cos.shape[0] == n else 0
+    s_c = cos.stride(0) if (pos is not None or cos.shape[0] == n) else 0
     if n:
-        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv if xn is None else xn,
-                                              qkv.stride(0), s_c, q.stride(0), q.stride(1), k_cache.stride(0),
-                                              k_cache.stride(1), s_xn, eps, HQ=hq, HKV=hkv, D=d, **nk, num_warps=1,
+        rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, slots if pos is None else pos, q, k_cache,
+                                              v_cache, qkv if xn is None else xn, qkv.stride(0), s_c, q.stride(0),
+                                              q.stride(1), k_cache.stride(0), k_cache.stride(1), s_xn, eps, HQ=hq,
+                                              HKV=hkv, D=d, POS=pos is not None, **nk, num_warps=1,
                                               **pdl_args(qkv.device))
     return q
 

@@ -38,11 +38,13 @@ MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the
 MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
 
 
-def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str):
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 8, bj: int = 16):
     """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
-    the traversal order `order` ("bfs", "dfs" or "pos")."""
+    the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
+    in [BM, bj] tiles); at 4 warps and bj 32 the compiled sm_90 kernel spilled 832 B a thread, at 8
+    and 16 none (scripts/probe_round_ops.py times them)."""
     M = tok.numel()
     if order not in ("bfs", "dfs", "pos"):
         raise ValueError(f"tree_finish: order must be bfs, dfs or pos, got {order!r}")
@@ -59,5 +61,5 @@ def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str):
     tree_finish_fwd_kernel[(1,)](
         tok, par, score, dlen, ws, ws[M:], out[0], out[1], scores, out[2], out[3], mask,
         M=M, T=T, K=K, D=D, BITS=K.bit_length(), LEVEL=order != "dfs", BM=max(16, triton.next_power_of_2(M)),
-        BJ=32, BT=max(16, triton.next_power_of_2(T)), **pdl_args(dev), num_warps=4)
+        BJ=bj, BT=max(16, triton.next_power_of_2(T)), **pdl_args(dev), num_warps=num_warps)
     return out[0], out[1], scores, out[2], out[3], mask
