@@ -54,12 +54,29 @@ def main():
         return flat, mask, dlen.long() + flat.depth
     want = torch_finish()
     rows.append({"op": "tree finish", "form": "tensor ops (_kept + flatten)", "us": timed(torch_finish, a.reps, a.trials)})
-    for w, bj in ((4, 32), (4, 16), (8, 16), (8, 32), (16, 16), (16, 32)):
+    for w, bj in ((8, 32), (16, 32), (16, 64), (32, 32)):
         got = tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, bj=bj)
         same = all(torch.equal(x, y) for x, y in zip((got[0], got[1], got[3], got[5], got[4]),
                                                       (want[0].tokens, want[0].parents, want[0].depth, want[1], want[2])))
         rows.append({"op": "tree finish", "form": f"tree_finish warps {w} bj {bj}", "same": same,
                      "us": timed(lambda: tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, bj=bj), a.reps, a.trials)})
+    # a tree level (level 3: 8 x 8 candidates) and the level's vocabulary top-k over 8 rows of 8192
+    from ssv.ops.topk.ops import vocab_topk
+    from ssv.ops.tree.ops import tree_level
+    lp = tab[2, :8].float().contiguous()
+    for w in (4, 8, 16):
+        rows.append({"op": "vocab top-k 8 x 8192", "form": f"vocab_topk warps {w}",
+                     "us": timed(lambda: vocab_topk(lp, K, clamp=True, num_warps=w), a.reps, a.trials)})
+    vals, toks = vocab_topk(lp, K, clamp=True)
+    tk, pr, sc = (x.clone() for x in pool)
+    fr = [torch.arange(K, device=dev) + 1 + K, torch.zeros(K, dtype=torch.long, device=dev),
+          torch.zeros(K, dtype=torch.long, device=dev), torch.full((K, D), -1, dtype=torch.long, device=dev)]
+    outs = [torch.empty(K, dtype=torch.long, device=dev) for _ in range(3)] + [torch.empty(K, D, dtype=torch.long,
+                                                                                          device=dev)]
+    for w in (4, 8, 16):
+        rows.append({"op": "tree level 8 x 8", "form": f"tree_level warps {w}",
+                     "us": timed(lambda: tree_level(vals, toks, 3, 1 + K + K * K, None, fr[0], fr[3], tk, pr, sc, *outs,
+                                                    num_warps=w), a.reps, a.trials)})
     # accept: a random tree (the flattened one above) and target argmaxes that follow a few levels
     flat = want[0]
     logits = torch.randn(T, 49152, device=dev)
@@ -80,11 +97,11 @@ def main():
                  "us": timed(lambda: accept_greedy_round(flat.parents, flat.tokens, flat.scores, best, D, rec[0:1],
                                                          rec[1:D + 2], tok), a.reps, a.trials)})
     # the drafter's commit attention: R = 7 rows, the default head's 9 / 3 heads of 64, a full ring
-    R, W, hq, hkv, d = D + 1, 2048, 9, 3, 64
+    R, W, hq, hkv, d = D + 1, 512, 9, 3, 64
     q = torch.randn(R, hq, d, device=dev, dtype=torch.bfloat16)
     kr, vr = (torch.randn(W, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     kn, vn = (torch.randn(R, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    ring = torch.arange(4096 - W, 4096, device=dev)[torch.arange(W, device=dev)]
+    ring = torch.arange(4096 - W, 4096, device=dev)
     n = torch.tensor([3], device=dev)
     ar = torch.arange(R, device=dev)
     eye = torch.eye(R, dtype=torch.bool, device=dev)

@@ -1,6 +1,8 @@
 """Launcher of the vocabulary top-k (one launch for the rows of a draft level)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 
@@ -14,7 +16,7 @@ MAX_V = 16384
 MAX_RANK_N = 1024
 
 
-def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
+def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, num_warps: Optional[int] = None):
     """x [R, V] (finite or -inf) -> (values [R, k] float64, ids [R, k] int64), descending, ties to the
     lower index: `vocab_topk_naive` in one launch instead of a sort. id_map [V] int64: ids returned
     as id_map[index]; clamp: values capped at 0 (both as the naive twin's arguments)."""
@@ -31,7 +33,7 @@ def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
             raise ValueError(f"vocab_topk: id_map must be [{v}], got {tuple(id_map.shape)}")
         vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(), x.stride(0),
                                     vals.stride(0), V=v, BV=bv, K=k, MAP=id_map is not None, CLAMP=bool(clamp),
-                                    **pdl_args(x.device), num_warps=8 if bv >= 4096 else 4)
+                                    **pdl_args(x.device), num_warps=num_warps or (8 if bv >= 4096 else 4))
     return vals, ids
 
 

@@ -11,7 +11,7 @@ MAX_CANDIDATES = 256   # R * K in one program's registers (a [BN, BN] comparison
 
 
 def tree_level(vals, toks, t: int, base: int, root, front, rows_in, tok, par, score, front_out, ftok_out,
-               fpar_out, rows_out) -> None:
+               fpar_out, rows_out, num_warps: int = 4) -> None:
     """`tree_level_naive` in one launch, graph-safe (every index is read on the device).
 
     Pool tok / par / score [M] (int64, int64, float64); vals [R, K] float64 and toks [R, K] int64; root [1] int64 (level 1) ; front [R] int64, rows_in [K, D] int64 (level >= 2);
@@ -31,20 +31,21 @@ def tree_level(vals, toks, t: int, base: int, root, front, rows_in, tok, par, sc
         vals, toks, root if t == 1 else toks, front if t > 1 else toks, rows_in if t > 1 else rows_out,
         tok, par, score, front_out, ftok_out, fpar_out, rows_out, int(t), int(base), vals.stride(0),
         R=R, K=K, D=D, BN=max(16, triton.next_power_of_2(R * K)), BD=max(16, triton.next_power_of_2(D)),
-        FIRST=t == 1, **pdl_args(vals.device), num_warps=4)
+        FIRST=t == 1, **pdl_args(vals.device), num_warps=num_warps)
 
 
 MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the pool)
 MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
 
 
-def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 8, bj: int = 16):
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 16, bj: int = 32):
     """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
     the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
-    in [BM, bj] tiles); at 4 warps and bj 32 the compiled sm_90 kernel spilled 832 B a thread, at 8
-    and 16 none (scripts/probe_round_ops.py times them)."""
+    in [BM, bj] tiles). H200, the default tree (`probe-round-ops-0a5f28f.json`): 55 us at 16 warps,
+    64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32), against
+    146 us for the tensor ops it replaces."""
     M = tok.numel()
     if order not in ("bfs", "dfs", "pos"):
         raise ValueError(f"tree_finish: order must be bfs, dfs or pos, got {order!r}")
