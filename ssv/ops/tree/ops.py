@@ -38,14 +38,14 @@ MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the
 MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
 
 
-def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 16, bj: int = 32):
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 32, bj: int = 32):
     """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
     the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
-    in [BM, bj] tiles). H200, the default tree (`probe-round-ops-0a5f28f.json`): 55 us at 16 warps,
-    64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32), against
-    146 us for the tensor ops it replaces."""
+    in [BM, bj] tiles). H200, the default tree (`bench/results/round-ops/`): 41 us at 32 warps, 55 at
+    16, 64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32; at 16
+    warps bj 64 took 139 us), against 146 us for the tensor ops it replaces."""
     M = tok.numel()
     if order not in ("bfs", "dfs", "pos"):
         raise ValueError(f"tree_finish: order must be bfs, dfs or pos, got {order!r}")
