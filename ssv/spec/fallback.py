@@ -40,8 +40,9 @@ class ArFallback:
     min_ar: int = 16             # AR steps of the first burst (the engine's ring: its catch-up tells the agreement)
     max_ar: int = 256            # bursts double up to this
     # round / AR-step cost ratio until both are timed (H200 4K, 48 nodes: 1.82 at e513856, 2.05 with
-    # PDL, bench/results/pdl/e2e-4k-93548e5.json: its AR step gained more than the round)
-    prior_break_even: float = 2.05
+    # PDL, bench/results/pdl/e2e-4k-93548e5.json: its AR step gained more than the round; 1.81 with
+    # the tree finish and the accept record in one launch each, bench/results/round-ops/e2e-4k-cecf51d.json)
+    prior_break_even: float = 1.8
     samples: int = 8             # timings kept (medians of the last few; the first of each is dropped: capture)
     min_pairs: int = 15          # caught-up rows an agreement rate needs (a first burst's 16 rows give 15)
     prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
