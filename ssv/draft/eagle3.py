@@ -41,7 +41,7 @@ from torch import nn
 
 from ssv.draft.config import (ARCHITECTURE, DEFAULT_WINDOW, Eagle3Config, check_compatible,  # noqa: F401
                               default_layer_ids)
-from ssv.model.layers import (MLP, RMSNorm, _cat_cached, add_linear, add_mlp, apply_rope, fused_glue, rope_cos_sin,
+from ssv.model.layers import (MLP, RMSNorm, _cat_cached, add_linear, add_mlp, apply_rope, dense, fused_glue, rope_cos_sin,
                               rope_inv_freq)
 
 
@@ -71,14 +71,14 @@ class Eagle3Layer(nn.Module):
         c, n = self.c, emb.shape[0]
         x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
         a = self.self_attn
-        q = apply_rope(F.linear(x, a.q_proj.weight).view(n, c.num_attention_heads, c.head_dim), cos, sin)
-        k = apply_rope(F.linear(x, a.k_proj.weight).view(n, c.num_key_value_heads, c.head_dim), cos, sin)
-        v = F.linear(x, a.v_proj.weight).view(n, c.num_key_value_heads, c.head_dim)
+        q = apply_rope(dense(x, a.q_proj.weight).view(n, c.num_attention_heads, c.head_dim), cos, sin)
+        k = apply_rope(dense(x, a.k_proj.weight).view(n, c.num_key_value_heads, c.head_dim), cos, sin)
+        v = dense(x, a.v_proj.weight).view(n, c.num_key_value_heads, c.head_dim)
         return q, k, v
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn [N, Hq*D] (attention output before o_proj); residual = the step's input feature."""
-        h = residual + F.linear(attn.to(residual.dtype), self.self_attn.o_proj.weight)
+        h = residual + dense(attn.to(residual.dtype), self.self_attn.o_proj.weight)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     # the fused twins of qkv / finish (the target's glue kernels: ~7 launches where the eager
@@ -167,7 +167,7 @@ class Eagle3Head(nn.Module):
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """Fused target features [..., 3 * target_hidden] -> first-step draft features [..., hidden]."""
-        return F.linear(feats, self.fc.weight)
+        return dense(feats, self.fc.weight)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if fused_glue(hidden):
@@ -177,7 +177,7 @@ class Eagle3Head(nn.Module):
                 # the GEMM's fp32 accumulator kept (as the target's head): no rounding, no cast launch
                 return torch.mm(x, self.lm_head.weight.t(), out_dtype=torch.float32)
             return self.lm_head(x).float()
-        return F.linear(self.norm(hidden), self.lm_head.weight).float()
+        return dense(self.norm(hidden), self.lm_head.weight).float()
 
     def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft next-token log-probs [..., draft_vocab] (ids `target_ids()`)."""

@@ -100,6 +100,17 @@ def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm") -> torch.Tensor:
     return add_linear(x, h, mlp.down_proj.weight)
 
 
+def dense(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
+    """x @ w.T (+ b) for the eager layers: F.linear, except for a CPU decode step's few fp32 rows
+    outside autograd, which take the form ssv/ops/linear/cpu.py measured fastest on this machine."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+        from ssv.ops.linear.cpu import MAX_ROWS, cpu_form, cpu_linear
+        rows = x.numel() // max(1, x.shape[-1])
+        if 1 <= rows <= MAX_ROWS:
+            return cpu_linear(x, w, b, cpu_form(rows))
+    return F.linear(x, w, b)
+
+
 def fused_glue(x: torch.Tensor) -> bool:
     """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run, and
     so does anything that records gradients (the kernels have no backward: training keeps autograd)."""
@@ -114,7 +125,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return F.linear(F.silu(F.linear(x, self.gate_proj.weight)) * F.linear(x, self.up_proj.weight), self.down_proj.weight)
+        return dense(F.silu(dense(x, self.gate_proj.weight)) * dense(x, self.up_proj.weight), self.down_proj.weight)
 
 
 class Attention(nn.Module):
@@ -153,13 +164,13 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, plan, cache):
         n = x.shape[0]
         c = self.cfg
-        q = apply_rope(F.linear(x, self.q_proj.weight, self.q_proj.bias).view(n, c.n_heads, c.head_dim), cos, sin)
-        k = apply_rope(F.linear(x, self.k_proj.weight, self.k_proj.bias).view(n, c.n_kv_heads, c.head_dim), cos, sin)
-        v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(n, c.n_kv_heads, c.head_dim)
+        q = apply_rope(dense(x, self.q_proj.weight, self.q_proj.bias).view(n, c.n_heads, c.head_dim), cos, sin)
+        k = apply_rope(dense(x, self.k_proj.weight, self.k_proj.bias).view(n, c.n_kv_heads, c.head_dim), cos, sin)
+        v = dense(x, self.v_proj.weight, self.v_proj.bias).view(n, c.n_kv_heads, c.head_dim)
         cache.write_slots(self.layer, k, v, plan.slots(cache, n))
-        gates = torch.sigmoid(self.g_proj(x).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
+        gates = torch.sigmoid(dense(x, self.g_proj.weight).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
         o = plan.run(self.layer, q, cache, gates)
-        return F.linear(o.reshape(n, -1).to(x.dtype), self.o_proj.weight)
+        return dense(o.reshape(n, -1).to(x.dtype), self.o_proj.weight)
 
 
 class Block(nn.Module):

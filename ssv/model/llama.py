@@ -5,11 +5,10 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ssv.cache import KVCache
 from ssv.config import ModelConfig
-from ssv.model.layers import Block, RMSNorm, fused_glue, rope_cos_sin, rope_inv_freq
+from ssv.model.layers import Block, RMSNorm, dense, fused_glue, rope_cos_sin, rope_inv_freq
 
 
 class Transformer(nn.Module):
@@ -63,7 +62,7 @@ class Transformer(nn.Module):
             # rounding them turns near-ties into exact ties, which speculative and AR decoding break
             # differently (measured: most GPU divergences from `ar` had a bf16 margin of 0)
             return torch.mm(x, w.T, out_dtype=torch.float32)
-        return F.linear(x, w).float()
+        return dense(x, w).float()
 
     def rope_table(self, n: int):
         """cos, sin [n, head_dim] fp32 of positions 0..n-1, as `rope_cos_sin` computes them (the same

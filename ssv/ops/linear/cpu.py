@@ -1,0 +1,90 @@
+"""x @ w.T for a CPU decode step's few rows, in the form this machine's BLAS streams fastest.
+
+A decode step multiplies 1-4 fp32 rows by every weight, so it is bound by reading the weights. How
+fast MKL reads them at that shape depends on the CPU: on the 2-core AMD EPYC (Zen 4) VM of session
+24, MKL 2024.2, a SmolLM2-135M step's 120 GEMMs (425 MB) took 36.6 ms at one row (sgemv, ~12 GB/s)
+and 64.5 ms at three rows as `F.linear` (x @ w.T), but 15.0 ms (two rows) and 19.4 ms (three) as
+(w @ x.T).T, an sgemm whose small side is its N (`bench/NOTES.md`, session 24). A single row is
+padded to two so that it takes that sgemm, not the sgemv. On the Intel VM of an earlier session the
+transposed form was the slower one. So nothing is assumed: `cpu_forms()` times both forms once per
+process over weights larger than the last-level cache and keeps the transposed one only where it is
+clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed` fixes the choice.
+
+Both forms are fp32 GEMMs with fp32 accumulation: they differ in summation order only.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from typing import Optional
+
+import torch
+from torch.nn import functional as F
+
+FORMS = ("linear", "transposed")
+MAX_ROWS = 8        # an AR step and a small tree's verify pass; longer steps (prefill) are GEMM-shaped
+MARGIN = 1.1        # the transposed form must be this much faster to be chosen (a noisy 2-core VM)
+# the row counts timed, each standing for a range: one row (the AR step, padded to two), 2-4, 5-8
+PROBES = ((1, (1,)), (3, (2, 3, 4)), (6, (5, 6, 7, 8)))
+ENV = "SSV_CPU_GEMM"
+
+
+def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None,
+               form: str = "linear") -> torch.Tensor:
+    """x [..., K] @ w.T (+ b) with w [N, K], as F.linear ("linear") or as (w @ x.T).T with a single
+    row padded to two ("transposed"). Returns a contiguous [..., N]."""
+    if form == "linear":
+        return F.linear(x, w, b)
+    if form != "transposed":
+        raise ValueError(f"cpu_linear: form must be one of {FORMS}, got {form!r}")
+    if x.shape[-1] != w.shape[-1] or w.dim() != 2:
+        raise ValueError(f"cpu_linear: x [..., K] and w [N, K] needed, got {tuple(x.shape)} and {tuple(w.shape)}")
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if m == 1:
+        x2 = torch.cat([x2, x2])                  # an sgemm, not MKL's sgemv
+    y = torch.mm(w, x2.t()).t()[:m].contiguous()  # [m, N]
+    if b is not None:
+        y = y + b
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _time(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrate(threads: int, n: int = 1536, k: int = 576, mats: int = 12, reps: int = 5) -> tuple:
+    # `mats` distinct weights (42 MB: past a 32 MB L3) so that each GEMM reads its weights from
+    # memory, as a step does
+    ws = [torch.full((n, k), 0.01 * (i + 1)) for i in range(mats)]
+    out = {}
+    for m, rows in PROBES:
+        x = torch.full((m, k), 0.5)
+        t = {f: _time(lambda f=f: [cpu_linear(x, w, form=f) for w in ws], reps) for f in FORMS}
+        for r in rows:
+            out[r] = "transposed" if t["transposed"] * MARGIN < t["linear"] else "linear"
+    return tuple(out[r] for r in range(1, MAX_ROWS + 1))
+
+
+def cpu_forms() -> tuple:
+    """The form per row count 1..MAX_ROWS on this machine (measured once per process and thread
+    count, or `SSV_CPU_GEMM`)."""
+    env = os.environ.get(ENV, "auto")
+    if env in FORMS:
+        return (env,) * MAX_ROWS
+    if env != "auto":
+        raise ValueError(f"{ENV} must be one of {FORMS + ('auto',)}, got {env!r}")
+    with torch.no_grad():
+        return _calibrate(torch.get_num_threads())
+
+
+def cpu_form(rows: int) -> str:
+    return cpu_forms()[rows - 1] if 1 <= rows <= MAX_ROWS else "linear"
