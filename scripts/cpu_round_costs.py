@@ -1,5 +1,5 @@
 """Where a CPU ssv strict round's time goes at 2K (default model and head, fp32): one AR step against
-one round of the CPU's default tree (`ssv.cli.CPU_TREE`: draft, verify, accept, commit), interleaved; the attention plan's share of each
+one round of the CPU's default tree (`ssv.cli.cpu_tree()`: draft, verify, accept, commit), interleaved; the attention plan's share of each
 forward timed by wrapping the plan's run. Prints ms medians, writes JSON.
 
     python scripts/cpu_round_costs.py [P] [rounds] [out.json]
@@ -18,7 +18,7 @@ import torch
 
 import ssv.attention as attention
 from ssv.attention import StepMeta
-from ssv.cli import CPU_TREE, load_model
+from ssv.cli import cpu_tree, load_model
 from ssv.draft import load_drafter
 from ssv.engine import spec
 from ssv.engine.runner import Runner
@@ -32,7 +32,7 @@ def main(P=2048, rounds=12, out=None):
     text = json.load(open(".stage/e2e-prompts.json"))["code"][0]
     ids = tok.encode(text)[:P]
     r = Runner(model, attention="nsa")
-    opts = spec.SpecOptions(tree=TreeSpec(*CPU_TREE))
+    opts = spec.SpecOptions(tree=TreeSpec(*cpu_tree()))
     params, gen = SamplingParams(temperature=0.0), torch.Generator().manual_seed(0)
     attn = [0.0]
     run0 = attention.NSAPlan.run
@@ -78,7 +78,7 @@ def main(P=2048, rounds=12, out=None):
         commit = os.environ.get("SSV_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                                  capture_output=True, text=True).stdout.strip()
         env = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(), commit=commit)
-        json.dump(dict(env=env, context=P, rounds=rounds, tree=CPU_TREE, threads=torch.get_num_threads(), ms=med,
+        json.dump(dict(env=env, context=P, rounds=rounds, tree=cpu_tree(), threads=torch.get_num_threads(), ms=med,
                        mal=statistics.mean(mal)),
                   open(out, "w"), indent=1)
 

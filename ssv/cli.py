@@ -126,15 +126,25 @@ def _engine(args, runner, drafter=None):
     return DeviceEngine(runner, drafter, graphs=args.device == "cuda" and not args.eager)
 
 
-# The default trees (depth, top-k, nodes, the root included). On the 2-core CPU MKL's fp32 GEMM streams
-# the weights at up to 3 rows but takes a slower kernel from 4 (the tied 49152 x 576 head 4.8 ms at 3
-# rows, 7.8 at 4; a 2K target step 67 ms at 3 rows, 86 at 4: bench/results/cpu-prefill/
-# prefill-8fd468b-run2.json), so `--mode ssv` there drafts 3-node
-# trees: at 2K, 2x2x3 ran 1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat in two
-# interleaved runs, where 4-node trees ran 0.87-1.06x (bench/results/spec-cpu-2k-small-trees-bae657d.json,
-# spec-cpu-2k-3node-trees-bae657d.json, --repeats 3 each).
+# The default trees (depth, top-k, nodes, the root included). On the CPU the tree follows how the
+# BLAS prices a step's rows (ssv/ops/linear/cpu.py, its form for 4 rows):
+# - "linear" (MKL's F.linear; the Intel VM of sessions 11-20): it streams the weights at up to 3 rows
+#   but takes a slower kernel from 4 (a 2K target step 67 ms at 3 rows, 86 at 4:
+#   bench/results/cpu-prefill/prefill-8fd468b-run2.json), so 3-node trees: at 2K 2x2x3 ran
+#   1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat where 4-node trees ran 0.87-1.06x
+#   (bench/results/spec-cpu-2k-small-trees-bae657d.json, spec-cpu-2k-3node-trees-bae657d.json);
+# - "transposed" (session 24's AMD VM): 4 rows cost what 3 do (19.9 against 19.4 ms of GEMMs a step),
+#   and 2x2x4's higher MAL made it 1.01x / 1.20x / 1.08x 2x2x3's tok/s (medians of 9 paired repeats
+#   in three runs, bench/results/cpu-gemm/).
 DEFAULT_TREE = (6, 8, 48)
-CPU_TREE = (2, 2, 3)
+CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4)}
+CPU_TREE = CPU_TREES["linear"]   # the smaller of the two (the fall-back's "small tree" bound uses the larger)
+
+
+def cpu_tree() -> tuple:
+    """The CPU's default tree for `--mode ssv`: by the GEMM form this machine measured for 4 rows."""
+    from ssv.ops.linear.cpu import cpu_form
+    return CPU_TREES[cpu_form(4)]
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json); the CPU's 3-node round 1.27-1.35 (its MAL over
 # its speedup in the runs above), so there the prompt's estimate is compared with 1.3, not 2.0.
@@ -143,7 +153,7 @@ CPU_BREAK_EVEN = 1.3
 
 def _fallback(args, opts):
     from ssv.spec.fallback import ArFallback
-    small = args.device == "cpu" and opts is not None and opts.tree.total_tokens <= CPU_TREE[2]
+    small = args.device == "cpu" and opts is not None and opts.tree.total_tokens <= max(t[2] for t in CPU_TREES.values())
     return ArFallback(prior_break_even=CPU_BREAK_EVEN) if small else ArFallback()
 
 
@@ -157,7 +167,7 @@ def _spec_setup(args, model):
     given = (args.tree_depth, args.tree_topk, args.tree_tokens)
     # the CPU's profile tree only when no tree option is given (a partial choice fills in the default)
     cpu = args.device == "cpu" and args.mode == "ssv" and all(v is None for v in given)
-    shape = CPU_TREE if cpu else DEFAULT_TREE
+    shape = cpu_tree() if cpu else DEFAULT_TREE
     tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
@@ -230,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"default {DEFAULT_TREE[0]} (--mode ssv on the CPU: {CPU_TREE[0]}, its measured profile)")
     sd.add_argument("--tree-topk", type=int, help=f"default {DEFAULT_TREE[1]} (--mode ssv on the CPU: {CPU_TREE[1]})")
     sd.add_argument("--tree-tokens", type=int, help=f"nodes verified per round, root included; default "
-                    f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: {CPU_TREE[2]})")
+                    f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: 3 or 4, by how its BLAS prices 4 rows)")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")

@@ -440,7 +440,7 @@ def test_shipped_head_speculates_losslessly(capsys, fast_default):
 
 
 def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_head):
-    """--mode ssv on the CPU drafts the small tree of its measured profile (cli.CPU_TREE); sd-naive and
+    """--mode ssv on the CPU drafts the small tree of its measured profile (cli.cpu_tree()); sd-naive and
     explicit tree options keep theirs; output stays that of ar."""
     base = ["generate", "--prompt", "Name a fruit.", "--json", "--max-new-tokens", 6, "--draft", random_head]
     ar = json.loads(succeeds(base, capsys)[0])
@@ -451,8 +451,15 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
         out = json.loads(succeeds(base + extra, capsys)[0])
         assert out["token_ids"] == ar["token_ids"]
         depth[name] = len(out["stats"]["acceptance_by_depth"])
-    assert cli.CPU_TREE[0] not in (4, 6)
-    assert depth == {"ssv": cli.CPU_TREE[0], "sd-naive": 6, "explicit": 4}
+    assert cli.cpu_tree()[0] not in (4, 6)
+    assert depth == {"ssv": cli.cpu_tree()[0], "sd-naive": 6, "explicit": 4}
+
+
+def test_cpu_tree_follows_the_blas_form_for_four_rows(monkeypatch):
+    import ssv.ops.linear.cpu as cpu_gemm
+    for form, nodes in (("linear", 3), ("transposed", 4)):
+        monkeypatch.setenv(cpu_gemm.ENV, form)
+        assert cli.cpu_tree() == cli.CPU_TREES[form] and cli.cpu_tree()[2] == nodes
 
 
 def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
@@ -465,7 +472,8 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == cli.CPU_BREAK_EVEN
+    for tree in cli.CPU_TREES.values():
+        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*tree))).prior_break_even == cli.CPU_BREAK_EVEN
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
     assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."

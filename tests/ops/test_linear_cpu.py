@@ -100,3 +100,16 @@ def test_model_step_in_either_form_matches_the_reference(monkeypatch, form):
     torch.testing.assert_close(out[form][0], out["linear"][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[form][1], out["linear"][1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[form][1][0], out[form][0][0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
+    from ssv.config import ModelConfig
+    from ssv.engine.runner import Runner
+    from ssv.model.llama import Transformer
+    monkeypatch.setenv(cpu.ENV, "auto")
+    calls = []
+    monkeypatch.setattr(cpu, "_calibrate", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, n_layers=1, n_heads=2, n_kv_heads=1,
+                      head_dim=16, max_seq_len=64)
+    Runner(Transformer(cfg).eval(), attention="nsa")
+    assert calls == [torch.get_num_threads()]
