@@ -464,7 +464,7 @@ def test_cpu_tree_follows_the_blas_form_for_four_rows(monkeypatch):
 
 def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
     """On the CPU's small tree the fall-back compares the prompt's estimate with the CPU's break-even
-    (1.3), elsewhere with the default prior; a random head's drafts do not pay on a long prompt, so decoding is AR
+    (by its BLAS form), elsewhere with the default prior; a random head's drafts do not pay on a long prompt, so decoding is AR
     from the first step, the output is ar's, and stderr says why no round ran (no MAL of 0)."""
     from types import SimpleNamespace
 
@@ -472,8 +472,9 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
+    from ssv.ops.linear.cpu import cpu_form
     for tree in cli.CPU_TREES.values():
-        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*tree))).prior_break_even == cli.CPU_BREAK_EVEN
+        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*tree))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
     assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
