@@ -138,7 +138,7 @@ def _engine(args, runner, drafter=None):
 #   in three runs, bench/results/cpu-gemm/).
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4)}
-CPU_TREE = CPU_TREES["linear"]   # the smaller of the two (the fall-back's "small tree" bound uses the larger)
+CPU_TREE = CPU_TREES["linear"]   # the smaller of the two (the help text's depth and top-k)
 
 
 def cpu_tree() -> tuple:
@@ -148,13 +148,13 @@ def cpu_tree() -> tuple:
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json). On the CPU, by the BLAS form for 4 rows:
 # the Intel VM's 3-node round cost 1.27-1.35 AR steps (its MAL over its speedup in the runs above),
-# session 24's AMD VM's 4-node round 1.58-1.61 (bench/results/cpu-gemm/round-costs-2k-2x2x4-cb8a016.json).
+# session 24's AMD VM's 4-node round 1.58-1.61 (bench/results/cpu-gemm/round-costs-2k-2x2x4-cb8a016{,-run2}.json).
 CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6}
 
 
 def _fallback(args, opts):
     from ssv.spec.fallback import ArFallback
-    small = args.device == "cpu" and opts is not None and opts.tree.total_tokens <= max(t[2] for t in CPU_TREES.values())
+    small = args.device == "cpu" and opts is not None and opts.tree.total_tokens <= cpu_tree()[2]
     if not small:
         return ArFallback()
     from ssv.ops.linear.cpu import cpu_form

@@ -455,11 +455,21 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
     assert depth == {"ssv": cli.cpu_tree()[0], "sd-naive": 6, "explicit": 4}
 
 
-def test_cpu_tree_follows_the_blas_form_for_four_rows(monkeypatch):
+def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
+    from types import SimpleNamespace
+
     import ssv.ops.linear.cpu as cpu_gemm
-    for form, nodes in (("linear", 3), ("transposed", 4)):
+    from ssv.engine.spec import SpecOptions
+    from ssv.spec.fallback import ArFallback
+    from ssv.spec.tree import TreeSpec
+    cpu = SimpleNamespace(device="cpu")
+    for form, nodes, prior in (("linear", 3, 1.3), ("transposed", 4, 1.6)):
         monkeypatch.setenv(cpu_gemm.ENV, form)
-        assert cli.cpu_tree() == cli.CPU_TREES[form] and cli.cpu_tree()[2] == nodes
+        assert cli.cpu_tree() == (2, 2, nodes)
+        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes))).prior_break_even == prior
+    # a 4-node tree where the machine's own tree has 3 nodes takes the default prior
+    monkeypatch.setenv(cpu_gemm.ENV, "linear")
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
 
 
 def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
@@ -472,11 +482,9 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
-    from ssv.ops.linear.cpu import cpu_form
-    for tree in cli.CPU_TREES.values():
-        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*tree))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even in (1.3, 1.6)
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
-    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.CPU_TREE))).prior_break_even == ArFallback().prior_break_even
+    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
     base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
     ar = succeeds(base + ["--json"], capsys)[0]

@@ -404,7 +404,9 @@ def environment(device: str = "cuda") -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
     if device != "cuda":
-        return {"device": f"cpu ({os.cpu_count()} cores)", **env}
+        # the CPU step's GEMM form per row count (ssv/ops/linear/cpu.py): the forms round differently
+        from ssv.ops.linear.cpu import cpu_forms
+        return {"device": f"cpu ({os.cpu_count()} cores)", **env, "cpu_gemm": list(cpu_forms())}
     import triton
     return {"device": torch.cuda.get_device_name(0), "triton": triton.__version__, "cuda": torch.version.cuda, **env}
 

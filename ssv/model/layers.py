@@ -8,6 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ssv.config import ModelConfig, RopeConfig
+from ssv.ops.linear.cpu import MAX_ROWS as CPU_MAX_ROWS
+from ssv.ops.linear.cpu import cpu_forms, cpu_linear
 
 
 class RMSNorm(nn.Module):
@@ -104,10 +106,11 @@ def dense(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
     """x @ w.T (+ b) for the eager layers: F.linear, except for a CPU decode step's few fp32 rows
     outside autograd, which take the form ssv/ops/linear/cpu.py measured fastest on this machine."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
-        from ssv.ops.linear.cpu import MAX_ROWS, cpu_form, cpu_linear
         rows = x.numel() // max(1, x.shape[-1])
-        if 1 <= rows <= MAX_ROWS:
-            return cpu_linear(x, w, b, cpu_form(rows))
+        if 1 <= rows <= CPU_MAX_ROWS:
+            form = cpu_forms()[rows - 1]
+            if form != "linear":
+                return cpu_linear(x, w, b, form)
     return F.linear(x, w, b)
 
 

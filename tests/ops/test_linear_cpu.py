@@ -1,4 +1,6 @@
 """The CPU decode step's GEMM forms (ssv/ops/linear/cpu.py) against F.linear, and the layers' dispatch."""
+import zlib
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -12,7 +14,7 @@ from ssv.model.layers import dense
 @pytest.mark.parametrize("n", [1, 13, 96])
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpu_linear_matches_f_linear(form, shape, n, bias):
-    g = torch.Generator().manual_seed(hash((form, shape, n, bias)) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(repr((form, shape, n, bias)).encode()))
     x = torch.randn(*shape, generator=g)
     w = torch.randn(n, shape[-1], generator=g)
     b = torch.randn(n, generator=g) if bias else None
@@ -47,7 +49,8 @@ def test_forms_from_env_and_calibration(monkeypatch):
     monkeypatch.setenv(cpu.ENV, "fast")
     with pytest.raises(ValueError, match="SSV_CPU_GEMM must be one of"):
         cpu.cpu_forms()
-    monkeypatch.setenv(cpu.ENV, "auto")
+    monkeypatch.setenv(cpu.ENV, "")     # unset or empty: auto
+    assert cpu.cpu_forms() == cpu._calibrated(torch.get_num_threads())
     # the measured choice: a valid form per row count, the same for the rows one probe stands for
     got = cpu._calibrate(torch.get_num_threads(), n=256, k=64, mats=2, reps=1)
     assert len(got) == cpu.MAX_ROWS and set(got) <= set(cpu.FORMS)
@@ -55,40 +58,66 @@ def test_forms_from_env_and_calibration(monkeypatch):
         assert len({got[r - 1] for r in rows}) == 1
 
 
+def test_calibration_keeps_the_transposed_form_only_past_the_margin(monkeypatch):
+    # the timer replaced: F.linear takes 1.0 at every probe, the transposed form what `times` says
+    assert cpu._choose(1.0, 1.0 / cpu.MARGIN * 0.99) == "transposed"
+    assert cpu._choose(1.0, 1.0 / cpu.MARGIN * 1.01) == "linear"
+    times = {1: 0.5, 3: 0.95, 4: 0.3, 6: 2.0}
+    seen = []
+
+    def fake_time(fn, reps):
+        fn()
+        return seen[-1]
+
+    real = cpu.cpu_linear
+
+    def spy(x, w, b=None, form="linear"):
+        seen.append(1.0 if form == "linear" else times[x.shape[0]])
+        return real(x, w, b, form)
+
+    monkeypatch.setattr(cpu, "_time", fake_time)
+    monkeypatch.setattr(cpu, "cpu_linear", spy)
+    got = cpu._calibrate(0, n=32, k=16, mats=1, reps=1)
+    assert got == ("transposed", "linear", "linear", "transposed", "linear", "linear", "linear", "linear")
+
+
 @pytest.mark.parametrize("form", cpu.FORMS)
 def test_dense_dispatch(monkeypatch, form):
+    import ssv.model.layers as layers
     monkeypatch.setenv(cpu.ENV, form)
     seen = []
-    real = cpu.cpu_linear
-    monkeypatch.setattr(cpu, "cpu_linear", lambda *a: seen.append(a[-1]) or real(*a))
+    real = layers.cpu_linear
+    monkeypatch.setattr(layers, "cpu_linear", lambda *a: seen.append(a[-1]) or real(*a))
     x, w = torch.randn(3, 32), torch.randn(8, 32)
     with torch.no_grad():
         y = dense(x, w)
         dense(torch.randn(cpu.MAX_ROWS + 1, 32), w)       # past MAX_ROWS: F.linear
         dense(x.double(), w.double())                     # not fp32: F.linear
-    assert seen == [form]
+    want = [] if form == "linear" else [form]             # the linear form is F.linear itself
+    assert seen == want
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
     # with autograd on (training), always F.linear: the same bits and a gradient
     xg = x.clone().requires_grad_()
     yg = dense(xg, w)
-    assert seen == [form] and torch.equal(yg.detach(), F.linear(x, w))
+    assert seen == want and torch.equal(yg.detach(), F.linear(x, w))
     yg.sum().backward()
     assert xg.grad is not None
 
 
 @pytest.mark.parametrize("form", cpu.FORMS)
-def test_model_step_in_either_form_matches_the_reference(monkeypatch, form):
-    # a tiny model's AR step and 3-row verify through the eager layers in each form: the logits of
-    # both forms agree to fp32 rounding (so greedy picks the same token away from exact ties)
+@pytest.mark.parametrize("variant", ["plain", "bias+tied", "gated"])
+def test_model_step_in_either_form_matches_the_reference(monkeypatch, form, variant):
+    # a tiny model's AR step and 3-row verify through the eager layers in each form (q/k/v biases, a
+    # tied head and gated NSA's g_proj included): the logits of both forms agree to fp32 rounding
+    from ..conftest import make_tiny_model
+
     from ssv.attention import StepMeta
-    from ssv.config import ModelConfig
+    from ssv.config import NSAConfig
     from ssv.engine.runner import Runner
-    from ssv.model.llama import Transformer
-    cfg = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, n_layers=2, n_heads=4, n_kv_heads=2,
-                      head_dim=16, max_seq_len=256)
-    torch.manual_seed(0)
-    model = Transformer(cfg).eval()
-    ids = torch.randint(0, 97, (40,)).tolist()
+    kw = {"plain": {}, "bias+tied": dict(attn_bias=True, tie=True),
+          "gated": dict(nsa=NSAConfig(gating="gated"))}[variant]
+    model = make_tiny_model(3, **kw)
+    ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     out = {}
     for f in ("linear", form):
         monkeypatch.setenv(cpu.ENV, f)
@@ -103,13 +132,11 @@ def test_model_step_in_either_form_matches_the_reference(monkeypatch, form):
 
 
 def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
-    from ssv.config import ModelConfig
+    from ..conftest import make_tiny_model
+
     from ssv.engine.runner import Runner
-    from ssv.model.llama import Transformer
     monkeypatch.setenv(cpu.ENV, "auto")
     calls = []
-    monkeypatch.setattr(cpu, "_calibrate", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, n_layers=1, n_heads=2, n_kv_heads=1,
-                      head_dim=16, max_seq_len=64)
-    Runner(Transformer(cfg).eval(), attention="nsa")
+    monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
+    Runner(make_tiny_model(0, n_layers=1), attention="nsa")
     assert calls == [torch.get_num_threads()]

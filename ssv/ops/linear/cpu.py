@@ -2,7 +2,8 @@
 
 A decode step multiplies 1-4 fp32 rows by every weight, so it is bound by reading the weights. How
 fast MKL reads them at that shape depends on the CPU: on the 2-core AMD EPYC (Zen 4) VM of session
-24, MKL 2024.2, a SmolLM2-135M step's 120 GEMMs (425 MB) took 36.6 ms at one row (sgemv, ~12 GB/s)
+24, MKL 2024.2, a SmolLM2-135M step's layer weights (425 MB; 120 GEMMs with q|k|v and gate|up
+concatenated) took 36.6 ms at one row (sgemv, ~12 GB/s)
 and 64.5 ms at three rows as `F.linear` (x @ w.T), but 15.0 ms (two rows) and 19.4 ms (three) as
 (w @ x.T).T, an sgemm whose small side is its N (`bench/NOTES.md`, session 24). A single row is
 padded to two so that it takes that sgemm, not the sgemv. On the Intel VM of an earlier session the
@@ -26,8 +27,9 @@ from torch.nn import functional as F
 FORMS = ("linear", "transposed")
 MAX_ROWS = 8        # an AR step and a small tree's verify pass; longer steps (prefill) are GEMM-shaped
 MARGIN = 1.1        # the transposed form must be this much faster to be chosen (a noisy 2-core VM)
-# the row counts timed, each standing for a range: one row (the AR step, padded to two), 2-4, 5-8
-PROBES = ((1, (1,)), (3, (2, 3, 4)), (6, (5, 6, 7, 8)))
+# the row counts timed, each standing for a range: one row (the AR step, padded to two), 2-3, 4 (where
+# MKL's F.linear changed kernels on an Intel VM, which decides the CPU's tree), 5-8
+PROBES = ((1, (1,)), (3, (2, 3)), (4, (4,)), (6, (5, 6, 7, 8)))
 ENV = "SSV_CPU_GEMM"
 
 
@@ -43,12 +45,11 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = Non
         raise ValueError(f"cpu_linear: x [..., K] and w [N, K] needed, got {tuple(x.shape)} and {tuple(w.shape)}")
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
-    if m == 1:
-        x2 = torch.cat([x2, x2])                  # an sgemm, not MKL's sgemv
-    y = torch.mm(w, x2.t()).t()[:m].contiguous()  # [m, N]
+    y = torch.mm(w, (torch.cat([x2, x2]) if m == 1 else x2).t())   # [N, m or 2]: an sgemm, not MKL's sgemv
+    y = y.t()[:m].contiguous()                                    # [m, N]
     if b is not None:
-        y = y + b
-    return y.reshape(*x.shape[:-1], w.shape[0])
+        y += b
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], w.shape[0])
 
 
 def _time(fn, reps: int) -> float:
@@ -60,7 +61,6 @@ def _time(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
-@functools.lru_cache(maxsize=None)
 def _calibrate(threads: int, n: int = 1536, k: int = 576, mats: int = 12, reps: int = 5) -> tuple:
     # `mats` distinct weights (42 MB: past a 32 MB L3) so that each GEMM reads its weights from
     # memory, as a step does
@@ -70,20 +70,29 @@ def _calibrate(threads: int, n: int = 1536, k: int = 576, mats: int = 12, reps: 
         x = torch.full((m, k), 0.5)
         t = {f: _time(lambda f=f: [cpu_linear(x, w, form=f) for w in ws], reps) for f in FORMS}
         for r in rows:
-            out[r] = "transposed" if t["transposed"] * MARGIN < t["linear"] else "linear"
+            out[r] = _choose(t["linear"], t["transposed"])
     return tuple(out[r] for r in range(1, MAX_ROWS + 1))
+
+
+def _choose(t_linear: float, t_transposed: float) -> str:
+    return "transposed" if t_transposed * MARGIN < t_linear else "linear"
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrated(threads: int) -> tuple:
+    with torch.no_grad():
+        return _calibrate(threads)
 
 
 def cpu_forms() -> tuple:
     """The form per row count 1..MAX_ROWS on this machine (measured once per process and thread
-    count, or `SSV_CPU_GEMM`)."""
-    env = os.environ.get(ENV, "auto")
-    if env in FORMS:
-        return (env,) * MAX_ROWS
-    if env != "auto":
+    count, or `SSV_CPU_GEMM`, which makes runs reproducible: the forms round differently)."""
+    env = os.environ.get(ENV) or "auto"
+    if env == "auto":
+        return _calibrated(torch.get_num_threads())
+    if env not in FORMS:
         raise ValueError(f"{ENV} must be one of {FORMS + ('auto',)}, got {env!r}")
-    with torch.no_grad():
-        return _calibrate(torch.get_num_threads())
+    return (env,) * MAX_ROWS
 
 
 def cpu_form(rows: int) -> str:
