@@ -104,8 +104,12 @@ def cmd_generate(args) -> int:
     if record is not None:
         _save_routing(args.record_routing, record, args)
     if args.json:
-        print(json.dumps({"token_ids": res.token_ids, "text": text, "mode": args.mode,
-                          "attention": args.attention, "stats": res.stats}))
+        out = {"token_ids": res.token_ids, "text": text, "mode": args.mode, "attention": args.attention,
+               "stats": res.stats}
+        if runner.device.type == "cpu" and runner.cache.k.is_floating_point() and runner.cache.k.element_size() == 4:
+            from ssv.ops.linear.cpu import cpu_forms   # the forms round differently: a run's record
+            out["cpu_gemm"] = list(cpu_forms())
+        print(json.dumps(out))
     else:
         print(text)
         s = res.stats

@@ -451,6 +451,8 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
         out = json.loads(succeeds(base + extra, capsys)[0])
         assert out["token_ids"] == ar["token_ids"]
         depth[name] = len(out["stats"]["acceptance_by_depth"])
+    from ssv.ops.linear.cpu import cpu_forms
+    assert ar["cpu_gemm"] == list(cpu_forms())   # the run's GEMM forms, recorded
     assert cli.cpu_tree()[0] not in (4, 6)
     assert depth == {"ssv": cli.cpu_tree()[0], "sd-naive": 6, "explicit": 4}
 
