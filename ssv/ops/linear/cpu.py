@@ -62,6 +62,7 @@ def _time(fn, reps: int) -> float:
 
 
 def _calibrate(threads: int, n: int = 1536, k: int = 576, mats: int = 12, reps: int = 5) -> tuple:
+    # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count)
     # `mats` distinct weights (42 MB: past a 32 MB L3) so that each GEMM reads its weights from
     # memory, as a step does
     ws = [torch.full((n, k), 0.01 * (i + 1)) for i in range(mats)]
