@@ -138,8 +138,8 @@ def _engine(args, runner, drafter=None):
 #   1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat where 4-node trees ran 0.87-1.06x
 #   (bench/results/spec-cpu-2k-small-trees-bae657d.json, spec-cpu-2k-3node-trees-bae657d.json);
 # - "transposed" (session 24's AMD VM): 4 rows cost what 3 do (19.9 against 19.4 ms of GEMMs a step),
-#   and 2x2x4's higher MAL made it 1.02x / 1.20x / 1.08x 2x2x3's tok/s (medians of 9 paired repeats
-#   in three runs, bench/results/cpu-gemm/).
+#   and 2x2x4's higher MAL made it 0.97x / 1.17x / 1.05x 2x2x3's tok/s on code / prose / chat (medians
+#   of 12 paired repeats in four runs, bench/results/cpu-gemm/).
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4)}
 CPU_TREE = CPU_TREES["linear"]   # the smaller of the two (the help text's depth and top-k)
