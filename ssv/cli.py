@@ -106,8 +106,8 @@ def cmd_generate(args) -> int:
     if args.json:
         out = {"token_ids": res.token_ids, "text": text, "mode": args.mode, "attention": args.attention,
                "stats": res.stats}
-        if runner.device.type == "cpu" and runner.cache.k.is_floating_point() and runner.cache.k.element_size() == 4:
-            from ssv.ops.linear.cpu import cpu_forms   # the forms round differently: a run's record
+        from ssv.ops.linear.cpu import cpu_forms, uses_forms
+        if uses_forms(runner.device, runner.cache.k.dtype):   # the forms round differently: a run's record
             out["cpu_gemm"] = list(cpu_forms())
         print(json.dumps(out))
     else:
@@ -158,11 +158,12 @@ CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6}
 
 def _fallback(args, opts):
     from ssv.spec.fallback import ArFallback
-    small = args.device == "cpu" and opts is not None and opts.tree.total_tokens <= cpu_tree()[2]
-    if not small:
+    if args.device != "cpu" or opts is None:
         return ArFallback()
     from ssv.ops.linear.cpu import cpu_form
-    return ArFallback(prior_break_even=CPU_BREAK_EVEN[cpu_form(4)])
+    form = cpu_form(4)
+    small = opts.tree.total_tokens <= CPU_TREES[form][2]   # no larger than the machine's own tree
+    return ArFallback(prior_break_even=CPU_BREAK_EVEN[form]) if small else ArFallback()
 
 
 def _spec_setup(args, model):

@@ -37,11 +37,12 @@ class Runner:
         self.cache = self.model.new_cache(ml, self.scratch, self.nsa if self.attention == "nsa" else None)
         if self.device.type == "cuda":
             self.cache.rope = self.model.rope_table(ml + self.scratch)
-        elif self.device.type == "cpu" and self.cache.k.dtype == torch.float32:
+        else:
             # the CPU step's GEMM forms are timed once per process (ssv/ops/linear/cpu.py): here,
             # not inside the first decode step that a caller times
-            from ssv.ops.linear.cpu import cpu_forms
-            cpu_forms()
+            from ssv.ops.linear.cpu import cpu_forms, uses_forms
+            if uses_forms(self.device, self.cache.k.dtype):
+                cpu_forms()
 
     @property
     def device(self):

@@ -1,6 +1,6 @@
 """x @ w.T for a CPU decode step's few rows, in the form this machine's BLAS streams fastest.
 
-A decode step multiplies 1-4 fp32 rows by every weight, so it is bound by reading the weights. How
+A decode step multiplies 1-8 fp32 rows by every weight, so it is bound by reading the weights. How
 fast MKL reads them at that shape depends on the CPU: on the 2-core AMD EPYC (Zen 4) VM of session
 24, MKL 2024.2, a SmolLM2-135M step's layer weights (425 MB; 120 GEMMs with q|k|v and gate|up
 concatenated) took 36.6 ms at one row (sgemv, ~12 GB/s)
@@ -94,6 +94,11 @@ def cpu_forms() -> tuple:
     if env not in FORMS:
         raise ValueError(f"{ENV} must be one of {FORMS + ('auto',)}, got {env!r}")
     return (env,) * MAX_ROWS
+
+
+def uses_forms(device, dtype) -> bool:
+    """Whether a model on `device` in `dtype` runs its decode GEMMs through these forms (CPU, fp32)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32
 
 
 def cpu_form(rows: int) -> str:
