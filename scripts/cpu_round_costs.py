@@ -2,7 +2,7 @@
 one round of the CPU's default tree (`ssv.cli.cpu_tree()`: draft, verify, accept, commit), interleaved; the attention plan's share of each
 forward timed by wrapping the plan's run. Prints ms medians, writes JSON.
 
-    python scripts/cpu_round_costs.py [P] [rounds] [out.json]
+    python scripts/cpu_round_costs.py [P] [rounds] [out.json] [D,K,N]   (a tree other than the default)
 """
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
 
 
-def main(P=2048, rounds=12, out=None):
+def main(P=2048, rounds=12, out=None, shape=None):
+    shape = tuple(shape) if shape else cpu_tree()
     model, tok = load_model("default", "cpu", progress=False)
     drafter = load_drafter("default", model)
     text = json.load(open(".stage/e2e-prompts.json"))["code"][0]
     ids = tok.encode(text)[:P]
     r = Runner(model, attention="nsa")
-    opts = spec.SpecOptions(tree=TreeSpec(*cpu_tree()))
+    opts = spec.SpecOptions(tree=TreeSpec(*shape))
     params, gen = SamplingParams(temperature=0.0), torch.Generator().manual_seed(0)
     attn = [0.0]
     run0 = attention.NSAPlan.run
@@ -78,11 +79,12 @@ def main(P=2048, rounds=12, out=None):
         commit = os.environ.get("SSV_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                                  capture_output=True, text=True).stdout.strip()
         env = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(), commit=commit)
-        json.dump(dict(env=env, context=P, rounds=rounds, tree=cpu_tree(), threads=torch.get_num_threads(), ms=med,
+        json.dump(dict(env=env, context=P, rounds=rounds, tree=shape, threads=torch.get_num_threads(), ms=med,
                        mal=statistics.mean(mal)),
                   open(out, "w"), indent=1)
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(int(a[0]) if a else 2048, int(a[1]) if len(a) > 1 else 12, a[2] if len(a) > 2 else None)
+    main(int(a[0]) if a else 2048, int(a[1]) if len(a) > 1 else 12, a[2] if len(a) > 2 else None,
+         [int(v) for v in a[3].split(",")] if len(a) > 3 else None)
