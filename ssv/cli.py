@@ -137,7 +137,8 @@ def _engine(args, runner, drafter=None):
 #   bench/results/cpu-prefill/prefill-8fd468b-run2.json), so 3-node trees: at 2K 2x2x3 ran
 #   1.22-1.24x / 1.18-1.22x / 1.10-1.13x ar on code / prose / chat where 4-node trees ran 0.87-1.06x
 #   (bench/results/spec-cpu-2k-small-trees-bae657d.json, spec-cpu-2k-3node-trees-bae657d.json);
-# - "transposed" (session 24's AMD VM): 4 rows cost what 3 do (19.9 against 19.4 ms of GEMMs a step),
+# - "transposed" (session 24's AMD VM): 4 rows cost what 3 do (20.8 against 20.6 ms of layer GEMMs a step,
+#   bench/results/cpu-gemm/gemm-forms-c05e736.json),
 #   and 2x2x4's higher MAL made it 0.97x / 1.17x / 1.05x 2x2x3's tok/s on code / prose / chat (medians
 #   of 12 paired repeats in four runs, bench/results/cpu-gemm/).
 DEFAULT_TREE = (6, 8, 48)
@@ -152,7 +153,7 @@ def cpu_tree() -> tuple:
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json). On the CPU, by the BLAS form for 4 rows:
 # the Intel VM's 3-node round cost 1.27-1.35 AR steps (its MAL over its speedup in the runs above),
-# session 24's AMD VM's 4-node round 1.58-1.61 (bench/results/cpu-gemm/round-costs-2k-2x2x4-cb8a016{,-run2}.json).
+# session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json).
 CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6}
 
 

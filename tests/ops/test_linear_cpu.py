@@ -140,3 +140,28 @@ def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
     monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
     Runner(make_tiny_model(0, n_layers=1), attention="nsa")
     assert calls == [torch.get_num_threads()]
+
+
+@pytest.mark.parametrize("form", cpu.FORMS)
+@pytest.mark.parametrize("spec", [(2, 2, 3), (2, 2, 4), (3, 2, 6)])
+def test_strict_rounds_emit_ar_tokens_in_either_form(monkeypatch, form, spec):
+    # the CPU's trees (verify passes of 3-6 rows, all within MAX_ROWS) through the device round, and AR
+    # steps, with the GEMMs in one form: token for token the same greedy text
+    from ssv.engine.device_round import DeviceEngine
+    from ssv.engine.generate import generate_ar
+    from ssv.engine.runner import Runner
+    from ssv.engine.spec import SpecOptions, generate_spec
+    from ssv.spec.accept import SamplingParams
+    from ssv.spec.tree import TreeSpec
+
+    from ..conftest import make_tiny_model
+    from ..engine.test_device_round import NSA, OracleDeviceDrafter
+    monkeypatch.setenv(cpu.ENV, form)
+    greedy = SamplingParams(temperature=0.0)
+    r = Runner(make_tiny_model(1, vocab=64, n_layers=3), attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(0, 64, (45,), generator=torch.Generator().manual_seed(3)).tolist()
+    ar = generate_ar(r, prompt, greedy, 40)
+    d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64)
+    res = generate_spec(r, d, prompt, greedy, 40, opts=SpecOptions(tree=TreeSpec(*spec)), engine=DeviceEngine(r, d))
+    assert res.token_ids == ar.token_ids
+    assert res.stats["mean_accepted_length"] > 1.3     # rounds accepted drafts, so verify rows were used

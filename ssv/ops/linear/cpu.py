@@ -3,9 +3,9 @@
 A decode step multiplies 1-8 fp32 rows by every weight, so it is bound by reading the weights. How
 fast MKL reads them at that shape depends on the CPU: on the 2-core AMD EPYC (Zen 4) VM of session
 24, MKL 2024.2, a SmolLM2-135M step's layer weights (425 MB; 120 GEMMs with q|k|v and gate|up
-concatenated) took 36.6 ms at one row (sgemv, ~12 GB/s)
-and 64.5 ms at three rows as `F.linear` (x @ w.T), but 15.0 ms (two rows) and 19.4 ms (three) as
-(w @ x.T).T, an sgemm whose small side is its N (`bench/NOTES.md`, session 24). A single row is
+concatenated) took 33.4 ms at one row (sgemv, ~13 GB/s) and 62.4 ms at three rows as `F.linear`
+(x @ w.T), but 15.0 ms (one row padded to two) and 20.6 ms (three) as (w @ x.T).T, an sgemm whose
+small side is its N (bench/results/cpu-gemm/gemm-forms-c05e736.json). A single row is
 padded to two so that it takes that sgemm, not the sgemv. On the Intel VM of an earlier session the
 transposed form was the slower one. So nothing is assumed: `cpu_forms()` times both forms once per
 process over weights larger than the last-level cache and keeps the transposed one only where it is
