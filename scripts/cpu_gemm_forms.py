@@ -1,8 +1,8 @@
-"""The CPU decode step's GEMM forms timed side by side (ssv/ops/linear/cpu.py): F.linear against
-(w @ x.T).T (one row padded to two) at 1-16 rows over a SmolLM2-135M step's layer weights (30 layers of
+"""The CPU decode step's GEMM forms timed side by side (ssv/ops/linear/cpu.py): F.linear, (w @ x.T).T
+(one row padded to two) and oneDNN's packed weights at 1-16 rows over a SmolLM2-135M step's layer weights (30 layers of
 q|k|v, o, gate|up and down, distinct random weights: 425 MB, read from memory) and over its 49152 x 576
 head; the calibration's own time and choice; and a torch.profiler split of the default model's AR step
-and 3-row verify pass at 2K (aten::mm, aten::bmm). Medians; writes OUT.json with the environment.
+and 3-, 4- and 6-row verify passes at 2K in each form (the GEMMs' ops, aten::bmm). Medians; writes OUT.json with the environment.
     python scripts/cpu_gemm_forms.py OUT.json
 """
 from __future__ import annotations
@@ -50,7 +50,9 @@ def profile_steps() -> dict:
     mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     steps = {"ar": lambda: r.forward(torch.tensor(ids[-1:]), StepMeta.chain(r.length, 1)),
              "verify 3 rows": lambda: r.forward(torch.tensor(ids[-3:]),
-                                                StepMeta(r.length, torch.tensor([r.length, r.length + 1, r.length + 1]), mask))}
+                                                StepMeta(r.length, torch.tensor([r.length, r.length + 1, r.length + 1]), mask)),
+             "verify 4 rows": lambda: r.forward(torch.tensor(ids[-4:]), StepMeta.chain(r.length, 4)),
+             "verify 6 rows": lambda: r.forward(torch.tensor(ids[-6:]), StepMeta.chain(r.length, 6))}
     out = {}
     for form in cpu.FORMS:   # dense() reads the env at every call
         os.environ[cpu.ENV] = form
@@ -59,7 +61,8 @@ def profile_steps() -> dict:
             with profile(activities=[ProfilerActivity.CPU]) as p:
                 for _ in range(3):
                     f()
-            ops = {e.key: e.self_cpu_time_total / 3e3 for e in p.key_averages() if e.key in ("aten::mm", "aten::bmm")}
+            ops = {e.key: e.self_cpu_time_total / 3e3 for e in p.key_averages() 
+                   if e.key in ("aten::mm", "aten::bmm", "mkldnn::_linear_pointwise")}
             out[f"{name}, {form}"] = dict(ms=ms, **{k + " ms": v for k, v in ops.items()})
     del os.environ[cpu.ENV]
     return out
@@ -71,7 +74,7 @@ def main(out: str) -> None:
     layer = [torch.randn(*s) for _ in range(30) for s in LAYER]
     head = [torch.randn(*HEAD)]
     rows = []
-    for m in (1, 2, 3, 4, 6, 8, 12, 16):
+    for m in (1, 2, 3, 4, 5, 6, 8, 12, 16):
         row = {"rows": m}
         for f in cpu.FORMS:
             row[f"layers {f} ms"] = gemms(layer, m, f)

@@ -78,7 +78,9 @@ def main(P=2048, rounds=12, out=None, shape=None):
     if out:
         commit = os.environ.get("SSV_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                                  capture_output=True, text=True).stdout.strip()
-        env = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(), commit=commit)
+        from ssv.ops.linear.cpu import cpu_forms
+        env = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(), commit=commit,
+                   cpu_gemm=list(cpu_forms()))
         json.dump(dict(env=env, context=P, rounds=rounds, tree=shape, threads=torch.get_num_threads(), ms=med,
                        mal=statistics.mean(mal)),
                   open(out, "w"), indent=1)

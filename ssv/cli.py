@@ -140,10 +140,13 @@ def _engine(args, runner, drafter=None):
 # - "transposed" (session 24's AMD VM): 4 rows cost what 3 do (20.8 against 20.6 ms of layer GEMMs a step,
 #   bench/results/cpu-gemm/gemm-forms-c05e736.json),
 #   and 2x2x4's higher MAL made it 0.97x / 1.17x / 1.05x 2x2x3's tok/s on code / prose / chat (medians
-#   of 12 paired repeats in four runs, bench/results/cpu-gemm/).
+#   of 12 paired repeats in four runs, bench/results/cpu-gemm/);
+# - "packed" (oneDNN's packed weights; session 25, the same kind of VM): 6 rows cost little more than 4,
+#   but 6-node trees gained too little MAL: 2x2x4 1.22x / 1.24x / 1.06x ar on code / prose / chat,
+#   2x3x6 1.13x / 1.20x / 1.13x, 3x2x6 1.08x / 1.19x / 1.08x (bench/results/cpu-packed/spec-cpu-2k-trees.json).
 DEFAULT_TREE = (6, 8, 48)
-CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4)}
-CPU_TREE = CPU_TREES["linear"]   # the smaller of the two (the help text's depth and top-k)
+CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
+CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
 
 
 def cpu_tree() -> tuple:
@@ -153,8 +156,9 @@ def cpu_tree() -> tuple:
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json). On the CPU, by the BLAS form for 4 rows:
 # the Intel VM's 3-node round cost 1.27-1.35 AR steps (its MAL over its speedup in the runs above),
-# session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json).
-CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6}
+# session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json), and
+# with the packed form 1.46-1.50 (bench/results/cpu-packed/round-costs-2k-2x2x4-*.json).
+CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6, "packed": 1.5}
 
 
 def _fallback(args, opts):

@@ -465,7 +465,7 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
-    for form, nodes, prior in (("linear", 3, 1.3), ("transposed", 4, 1.6)):
+    for form, nodes, prior in (("linear", 3, 1.3), ("transposed", 4, 1.6), ("packed", 4, 1.5)):
         monkeypatch.setenv(cpu_gemm.ENV, form)
         assert cli.cpu_tree() == (2, 2, nodes)
         assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes))).prior_break_even == prior
@@ -484,7 +484,8 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even in (1.3, 1.6)
+    from ssv.ops.linear.cpu import cpu_form
+    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
     assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."

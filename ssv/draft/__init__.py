@@ -64,4 +64,6 @@ def load_drafter(spec: str, model) -> Eagle3Drafter:
         head, _ = load_default_head(device=p.device, dtype=p.dtype, target_cfg=model.cfg)
     else:
         head, _ = load_eagle3(spec, device=p.device, dtype=p.dtype, target=model.cfg)
+    from ssv.ops.linear.cpu import prepack
+    prepack(head)    # the CPU's packed GEMM weights, made before the first (timed) draft
     return Eagle3Drafter(head, model)

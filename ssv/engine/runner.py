@@ -38,11 +38,12 @@ class Runner:
         if self.device.type == "cuda":
             self.cache.rope = self.model.rope_table(ml + self.scratch)
         else:
-            # the CPU step's GEMM forms are timed once per process (ssv/ops/linear/cpu.py): here,
-            # not inside the first decode step that a caller times
-            from ssv.ops.linear.cpu import cpu_forms, uses_forms
+            # the CPU step's GEMM forms are timed once per process (ssv/ops/linear/cpu.py) and the
+            # packed weights made: here, not inside the first decode step that a caller times
+            from ssv.ops.linear.cpu import cpu_forms, prepack, uses_forms
             if uses_forms(self.device, self.cache.k.dtype):
                 cpu_forms()
+                prepack(self.model)
 
     @property
     def device(self):

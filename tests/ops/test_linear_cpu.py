@@ -24,14 +24,41 @@ def test_cpu_linear_matches_f_linear(form, shape, n, bias):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * shape[-1] ** 0.5)
 
 
-def test_transposed_rows_are_independent():
+@pytest.mark.parametrize("form", ["transposed", "packed"])
+def test_rows_are_independent(form):
     # a NaN row (and the single row's padded copy) must not reach the other rows
     x = torch.randn(3, 64)
     x[1] = float("nan")
     w = torch.randn(40, 64)
-    y = cpu.cpu_linear(x, w, form="transposed")
+    y = cpu.cpu_linear(x, w, form=form)
     assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
-    torch.testing.assert_close(cpu.cpu_linear(x[:1], w, form="transposed"), y[:1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu.cpu_linear(x[:1], w, form=form), y[:1], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_copies_follow_their_weight():
+    # the packed copy is made once per weight, remade when the weight changes in place (an optimizer
+    # step, a load into it) and dropped when the weight is freed
+    w, x = torch.randn(24, 16), torch.randn(4, 16)
+    before = len(cpu._PACKS)
+    p1 = cpu.packed_weight(w)
+    assert cpu.packed_weight(w) is p1 and len(cpu._PACKS) == before + 1
+    torch.testing.assert_close(cpu.cpu_linear(x, w, form="packed"), x @ w.T, rtol=1e-5, atol=1e-5)
+    w.mul_(-2.0)
+    assert cpu.packed_weight(w) is not p1
+    torch.testing.assert_close(cpu.cpu_linear(x, w, form="packed"), x @ w.T, rtol=1e-5, atol=1e-5)
+    del w, p1
+    assert len(cpu._PACKS) == before
+
+
+def test_the_packed_form_needs_onednn(monkeypatch):
+    monkeypatch.setattr(cpu, "packable", lambda: False)
+    assert cpu.available_forms() == ("linear", "transposed")
+    monkeypatch.setenv(cpu.ENV, "packed")
+    with pytest.raises(ValueError, match="SSV_CPU_GEMM must be one of"):
+        cpu.cpu_forms()
+    monkeypatch.setenv(cpu.ENV, "")
+    got = cpu._calibrate(-1, hidden=32, inter=48, kv=16, layers=1, reps=1)
+    assert "packed" not in got
 
 
 def test_cpu_linear_refuses_bad_input():
@@ -52,17 +79,20 @@ def test_forms_from_env_and_calibration(monkeypatch):
     monkeypatch.setenv(cpu.ENV, "")     # unset or empty: auto
     assert cpu.cpu_forms() == cpu._calibrated(torch.get_num_threads())
     # the measured choice: a valid form per row count, the same for the rows one probe stands for
-    got = cpu._calibrate(torch.get_num_threads(), n=256, k=64, mats=2, reps=1)
+    got = cpu._calibrate(torch.get_num_threads(), hidden=64, inter=96, kv=32, layers=1, reps=1)
     assert len(got) == cpu.MAX_ROWS and set(got) <= set(cpu.FORMS)
     for _, rows in cpu.PROBES:
         assert len({got[r - 1] for r in rows}) == 1
 
 
-def test_calibration_keeps_the_transposed_form_only_past_the_margin(monkeypatch):
-    # the timer replaced: F.linear takes 1.0 at every probe, the transposed form what `times` says
-    assert cpu._choose(1.0, 1.0 / cpu.MARGIN * 0.99) == "transposed"
-    assert cpu._choose(1.0, 1.0 / cpu.MARGIN * 1.01) == "linear"
-    times = {1: 0.5, 3: 0.95, 4: 0.3, 6: 2.0}
+def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
+    assert cpu._choose({"linear": 1.0, "transposed": 0.99 / cpu.MARGIN, "packed": 2.0}) == "transposed"
+    assert cpu._choose({"linear": 1.0, "transposed": 1.01 / cpu.MARGIN, "packed": 2.0}) == "linear"
+    assert cpu._choose({"linear": 1.0, "transposed": 0.8, "packed": 0.7}) == "packed"
+    assert cpu._choose({"linear": 0.5, "transposed": 0.8, "packed": 0.7}) == "linear"
+    # the timer replaced: F.linear takes 1.0 at every probe, the other forms what `times` says
+    times = {"transposed": {1: 0.5, 2: 0.5, 3: 0.95, 4: 0.3, 6: 2.0},
+             "packed": {1: 0.6, 2: 1.5, 3: 0.7, 4: 0.4, 6: 0.95}}
     seen = []
 
     def fake_time(fn, reps):
@@ -72,13 +102,13 @@ def test_calibration_keeps_the_transposed_form_only_past_the_margin(monkeypatch)
     real = cpu.cpu_linear
 
     def spy(x, w, b=None, form="linear"):
-        seen.append(1.0 if form == "linear" else times[x.shape[0]])
+        seen.append(1.0 if form == "linear" else times[form].get(x.shape[0], 1.0))
         return real(x, w, b, form)
 
     monkeypatch.setattr(cpu, "_time", fake_time)
     monkeypatch.setattr(cpu, "cpu_linear", spy)
-    got = cpu._calibrate(0, n=32, k=16, mats=1, reps=1)
-    assert got == ("transposed", "linear", "linear", "transposed", "linear", "linear", "linear", "linear")
+    got = cpu._calibrate(0, hidden=16, inter=32, kv=8, layers=1, reps=1)
+    assert got == ("transposed", "transposed", "packed", "transposed", "linear", "linear", "linear", "linear")
 
 
 @pytest.mark.parametrize("form", cpu.FORMS)
@@ -139,7 +169,25 @@ def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
     calls = []
     monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
     Runner(make_tiny_model(0, n_layers=1), attention="nsa")
-    assert calls == [torch.get_num_threads()]
+    assert calls and set(calls) == {torch.get_num_threads()}
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_cpu_runner_packs_the_weights_its_steps_read(monkeypatch, tie):
+    # with the packed form chosen, every weight a step multiplies (the head's too, the embedding when
+    # tied) is packed at construction; with it not chosen, none is
+    from ..conftest import make_tiny_model
+
+    from ssv.engine.runner import Runner
+    model = make_tiny_model(2, n_layers=2, tie=tie)
+    head = model.embed_tokens.weight if tie else model.lm_head.weight
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    monkeypatch.setenv(cpu.ENV, "transposed")
+    Runner(model, attention="nsa")
+    assert not any(id(w) in cpu._PACKS for w in linears + [head])
+    monkeypatch.setenv(cpu.ENV, "packed")
+    Runner(model, attention="nsa")
+    assert all(cpu._PACKS[id(w)][0]() is w for w in linears + [head])
 
 
 @pytest.mark.parametrize("form", cpu.FORMS)

@@ -1,7 +1,8 @@
 """`nsa_cpu` (the CPU's batched NSA) against `nsa_naive` on fresh random inputs: chains and draft trees
 (also out of parent-first order), odd head counts and dims, prefixes shorter than a compression block,
 path blocks that complete inside the tree, the cache's compressed blocks or none, reused routing,
-gated gating; outputs pre-filled with NaN must be fully written, slots after the step never read."""
+gated gating; outputs pre-filled with NaN must be fully written, slots after the step never read.
+Every test runs twice: the prefix scored whole and the prefix's needed blocks gathered."""
 from __future__ import annotations
 
 import random
@@ -16,6 +17,13 @@ from tests.ops.test_nsa_naive import chain, make_inputs, permute_tree, random_pa
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=8, n_select=4, window=12)
+
+
+@pytest.fixture(autouse=True, params=["scored whole", "gathered"])
+def prefix_path(request, monkeypatch):
+    import ssv.ops.nsa.cpu as cpu
+    monkeypatch.setattr(cpu, "GATHER_BELOW", 0.0 if request.param == "scored whole" else 1e9)
+    return request.param
 
 
 def _tree(seed: int, P: int, N: int):
@@ -83,3 +91,34 @@ def test_token_branches_in_row_blocks(monkeypatch, block, gated):
 def test_supported():
     assert supported(NSAConfig(), "cpu") and supported(NSAConfig(gating="gated"), "cpu")
     assert not supported(NSAConfig(gating="union_cmp"), "cpu") and not supported(NSAConfig(), "meta")
+
+
+def test_the_gathered_prefix_reads_only_needed_blocks(prefix_path):
+    # a long prefix with a short window: the gathered path must give the reference's outputs with every
+    # prefix block no query of a head selects (and no window reaches) poisoned with NaN; the whole-prefix
+    # path reads them (0 x NaN in p @ v), which shows the poison reaches any path that reads them
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=8, n_select=3, window=10)
+    P, N, hkv, g, D = 160, 5, 2, 2, 16
+    q, k, v, _ = make_inputs(11, P, N, hkv, g, D, extra=3)
+    pos, mask = _tree(11, P, N)
+    nb = num_cmp_blocks(P, cfg)
+    kc, vc = compress_mean(k[:, :P], nb, cfg), compress_mean(v[:, :P], nb, cfg)
+    want = nsa_naive(q, k, v, P, pos, mask, cfg, k_cmp=kc, v_cmp=vc)
+    step = CpuStep(P, pos, mask, cfg)
+    need = torch.zeros(hkv, P // 8, dtype=torch.bool)
+    for h in range(hkv):
+        for b in want.block_indices[:, h].flatten().tolist():
+            if 0 <= b < P // 8:
+                need[h, b] = True
+    need[:, step.win_blk:] = True
+    assert (~need).sum() > 4            # some blocks are not read at all
+    k2, v2 = k.clone(), v.clone()
+    for h in range(hkv):
+        for b in (~need[h]).nonzero().flatten().tolist():
+            k2[h, b * 8:(b + 1) * 8] = float("nan")
+            v2[h, b * 8:(b + 1) * 8] = float("nan")
+    got, idx = nsa_cpu(q, k2, v2, step, kc, vc, block_indices=want.block_indices)
+    if prefix_path == "gathered":
+        torch.testing.assert_close(got, want.o, **TOL)
+    else:
+        assert got.isnan().any()

@@ -9,9 +9,16 @@ small side is its N (bench/results/cpu-gemm/gemm-forms-c05e736.json). A single r
 padded to two so that it takes that sgemm, not the sgemv. On the Intel VM of an earlier session the
 transposed form was the slower one. So nothing is assumed: `cpu_forms()` times both forms once per
 process over weights larger than the last-level cache and keeps the transposed one only where it is
-clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed` fixes the choice.
+clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed|packed` fixes the choice.
 
-Both forms are fp32 GEMMs with fp32 accumulation: they differ in summation order only.
+At 3-8 rows even that sgemm computes more than it streams (session 25's AMD VM: 18.6 ms of layer
+GEMMs at four rows, 24.7 at five, against 12.4 at two). oneDNN's prepacked weights
+(`torch.ops.mkldnn`, the form inductor's CPU backend freezes weights into) read them at 13-16 ms
+from three rows to six, so a bigger tree costs little more than a small one; one row is faster padded
+in the transposed form. The packed copy is made once per weight (`packed_weight`) and doubles the
+memory the decode step's weights take.
+
+All forms are fp32 GEMMs with fp32 accumulation: they differ in summation order only.
 """
 from __future__ import annotations
 
@@ -19,36 +26,68 @@ import functools
 import os
 import statistics
 import time
+import weakref
 from typing import Optional
 
 import torch
 from torch.nn import functional as F
 
-FORMS = ("linear", "transposed")
+FORMS = ("linear", "transposed", "packed")
 MAX_ROWS = 8        # an AR step and a small tree's verify pass; longer steps (prefill) are GEMM-shaped
-MARGIN = 1.1        # the transposed form must be this much faster to be chosen (a noisy 2-core VM)
-# the row counts timed, each standing for a range: one row (the AR step, padded to two), 2-3, 4 (where
-# MKL's F.linear changed kernels on an Intel VM, which decides the CPU's tree), 5-8
-PROBES = ((1, (1,)), (3, (2, 3)), (4, (4,)), (6, (5, 6, 7, 8)))
+MARGIN = 1.1        # another form must be this much faster than F.linear to be chosen (a noisy 2-core VM)
+# the row counts timed, each standing for a range: one row (the AR step, padded to two), two (where
+# the transposed form is fastest), three, four (where MKL's F.linear changed kernels on an Intel VM,
+# which decides the CPU's tree), 5-8
+PROBES = ((1, (1,)), (2, (2,)), (3, (3,)), (4, (4,)), (6, (5, 6, 7, 8)))
+PACK_ROWS = 4       # oneDNN's batch hint for the packed layout (a verify pass's rows; 1 or 8 measured no better)
 ENV = "SSV_CPU_GEMM"
+
+
+def packable() -> bool:
+    """Whether this torch build has oneDNN's prepacked linear (CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def available_forms() -> tuple:
+    return FORMS if packable() else FORMS[:2]
+
+
+# id(weight) -> (weakref, version, packed copy). A memo, not state: an entry is rebuilt when its
+# weight changes in place (the version counter) and dropped when its weight is freed.
+_PACKS: dict = {}
+
+
+def packed_weight(w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of w [N, K] for `_linear_pointwise` (made once per weight and version)."""
+    key = id(w)
+    e = _PACKS.get(key)
+    if e is None or e[0]() is not w or e[1] != w._version:
+        ref = weakref.ref(w, lambda _, key=key: _PACKS.pop(key, None))
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_size=PACK_ROWS)
+        e = _PACKS[key] = (ref, w._version, packed)
+    return e[2]
 
 
 def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None,
                form: str = "linear") -> torch.Tensor:
-    """x [..., K] @ w.T (+ b) with w [N, K], as F.linear ("linear") or as (w @ x.T).T with a single
-    row padded to two ("transposed"). Returns a contiguous [..., N]."""
+    """x [..., K] @ w.T (+ b) with w [N, K], as F.linear ("linear"), as (w @ x.T).T with a single
+    row padded to two ("transposed") or on oneDNN's packed copy of w ("packed"). Returns a contiguous
+    [..., N]."""
     if form == "linear":
         return F.linear(x, w, b)
-    if form != "transposed":
+    if form not in FORMS:
         raise ValueError(f"cpu_linear: form must be one of {FORMS}, got {form!r}")
     if x.shape[-1] != w.shape[-1] or w.dim() != 2:
         raise ValueError(f"cpu_linear: x [..., K] and w [N, K] needed, got {tuple(x.shape)} and {tuple(w.shape)}")
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
-    y = torch.mm(w, (torch.cat([x2, x2]) if m == 1 else x2).t())   # [N, m or 2]: an sgemm, not MKL's sgemv
-    y = y.t()[:m].contiguous()                                    # [m, N]
-    if b is not None:
-        y += b
+    if form == "packed":
+        y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed_weight(w), b, "none", [], "")
+    else:
+        y = torch.mm(w, (torch.cat([x2, x2]) if m == 1 else x2).t())   # [N, m or 2]: an sgemm, not MKL's sgemv
+        y = y.t()[:m].contiguous()                                    # [m, N]
+        if b is not None:
+            y += b
     return y if x.dim() == 2 else y.view(*x.shape[:-1], w.shape[0])
 
 
@@ -61,22 +100,36 @@ def _time(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
-def _calibrate(threads: int, n: int = 1536, k: int = 576, mats: int = 12, reps: int = 5) -> tuple:
+def layer_shapes(hidden: int, inter: int, kv: int) -> list:
+    """A transformer layer's weights [N, K] as the eager layers multiply them: q, k, v, o, gate, up, down."""
+    return [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inter, hidden), (inter, hidden),
+            (hidden, inter)]
+
+
+def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192, layers: int = 8,
+               reps: int = 3) -> tuple:
     # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count)
-    # `mats` distinct weights (42 MB: past a 32 MB L3) so that each GEMM reads its weights from
-    # memory, as a step does
-    ws = [torch.full((n, k), 0.01 * (i + 1)) for i in range(mats)]
+    # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
+    # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one
+    # row: 12 weights of 1536 x 576, or three layers, put the packed form first where the model's AR
+    # step ran 19% slower with it (session 25, 55 against 46 ms at 2K)
+    ws = [torch.full(s, 0.01 * (i + 1)) for i in range(layers) for s in layer_shapes(hidden, inter, kv)]
+    forms = available_forms()
+    for f in forms:    # the packed copies are made outside the timing, as a step's are after its first
+        [cpu_linear(torch.zeros(1, w.shape[1]), w, form=f) for w in ws]
     out = {}
     for m, rows in PROBES:
-        x = torch.full((m, k), 0.5)
-        t = {f: _time(lambda f=f: [cpu_linear(x, w, form=f) for w in ws], reps) for f in FORMS}
+        xs = {k: torch.full((m, k), 0.5) for k in (hidden, inter)}
+        t = {f: _time(lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws], reps) for f in forms}
         for r in rows:
-            out[r] = _choose(t["linear"], t["transposed"])
+            out[r] = _choose(t)
     return tuple(out[r] for r in range(1, MAX_ROWS + 1))
 
 
-def _choose(t_linear: float, t_transposed: float) -> str:
-    return "transposed" if t_transposed * MARGIN < t_linear else "linear"
+def _choose(t: dict) -> str:
+    """The fastest form by its time, if it beats F.linear's by MARGIN; otherwise F.linear."""
+    best = min(t, key=t.get)
+    return best if t[best] * MARGIN < t["linear"] else "linear"
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,14 +138,28 @@ def _calibrated(threads: int) -> tuple:
         return _calibrate(threads)
 
 
+def prepack(model: torch.nn.Module) -> None:
+    """Make the packed copies of a model's decode weights now, outside any timed step: its nn.Linear
+    weights and a tied head's embedding (a no-op unless some row count takes the packed form)."""
+    p = next(model.parameters(), None)
+    if p is None or not uses_forms(p.device, p.dtype) or "packed" not in cpu_forms():
+        return
+    ws = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if getattr(model, "lm_head", True) is None:     # a tied head multiplies by the embedding
+        ws.append(model.embed_tokens.weight)
+    with torch.no_grad():
+        for w in ws:
+            packed_weight(w)
+
+
 def cpu_forms() -> tuple:
     """The form per row count 1..MAX_ROWS on this machine (measured once per process and thread
     count, or `SSV_CPU_GEMM`, which makes runs reproducible: the forms round differently)."""
     env = os.environ.get(ENV) or "auto"
     if env == "auto":
         return _calibrated(torch.get_num_threads())
-    if env not in FORMS:
-        raise ValueError(f"{ENV} must be one of {FORMS + ('auto',)}, got {env!r}")
+    if env not in available_forms():
+        raise ValueError(f"{ENV} must be one of {available_forms() + ('auto',)}, got {env!r}")
     return (env,) * MAX_ROWS
 
 

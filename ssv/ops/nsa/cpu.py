@@ -7,7 +7,9 @@ candidates) in every layer and runs two full-length softmaxes per branch pair: o
 `nsa_cpu` runs per layer: compressed scores as one batched matmul (prefix blocks from the cache's
 incrementally kept k_cmp, path blocks from the step's weights), routing, then one masked softmax
 over all visible slots (the "union" gating's selected blocks and window are disjoint parts of one
-softmax, so merging two log-sum-exps is the same as attending once over their union).
+softmax, so merging two log-sum-exps is the same as attending once over their union). At long
+contexts the softmax reads only the blocks some query of the step selects or reaches by its window,
+copied per KV head (`_visible_slots`); at short ones it scores every slot and masks.
 Gatings "union" and "gated"; "union_cmp" stays on the reference (`supported`).
 """
 from __future__ import annotations
@@ -65,6 +67,9 @@ class CpuStep:
         self.vis = vis
         self.win = vis & (pos_slot[None] > pos[:, None] - cfg.window)                     # [N, L]
         self.new_blk = pos // ls                                                          # [N] the step's slots' blocks
+        self.pos = pos
+        self.nbp = -(-P // ls)                                                            # blocks holding prefix slots
+        self.win_blk = max(0, int(pos.min()) - cfg.window + 1) // ls                      # the first one a window reaches
         self.scale: Optional[float] = None
 
 
@@ -121,16 +126,10 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
-    # the prefix's slots lie in their blocks in order and every query sees them: the block mask widened
-    # by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer); the step's own slots
-    # by their positions, where the tree mask decides
-    P, ls = step.P, step.cfg.slc_block
-    pre = sel[:, :, : -(-P // ls)].repeat_interleave(ls, dim=2)[:, :, :P]
-    own = sel[:, :, step.new_blk] & step.vis[:, None, P:]
-    in_sel = torch.cat([pre, own], 2)                                                     # [N, Hkv, L]
+    kt, vt, in_sel, win = _visible_slots(sel, step, k, v)
     if gated:
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
-        o_slc, o_win = _token_branches(qh, kf, vf, scale, (in_sel, step.win[:, None]), hkv, n, g)
+        o_slc, o_win = _token_branches(qh, kt, vt, scale, (in_sel, win), hkv, n, g)
         o_slc.nan_to_num_(0.0)
         vc = vc_pre[:, None].expand(-1, n, -1, -1)
         if step.n_path:
@@ -139,12 +138,67 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         gt = gates.float().view(n, hkv, g, 3).permute(3, 1, 0, 2)[..., None]              # [3, Hkv, N, G, 1]
         o = gt[0] * o_cmp + gt[1] * o_slc.view(hkv, n, g, d) + gt[2] * o_win.view(hkv, n, g, d)
     else:
-        (o,) = _token_branches(qh, kf, vf, scale, (in_sel | step.win[:, None],), hkv, n, g)
+        (o,) = _token_branches(qh, kt, vt, scale, (in_sel | win,), hkv, n, g)
     o = o.view(hkv, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
     if out is None:
         return o.contiguous(), idx
     out.copy_(o)
     return out, idx
+
+
+# Gather the blocks a step reads when they are fewer than this share of its slots; past it, copying
+# them costs more than scoring every slot (measured: 2K and 4K steps ran slower gathered, 8K faster)
+GATHER_BELOW = 0.5
+
+
+def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """The keys and values the token branches score, and per query which of them its selection and its
+    window keep: (k, v [Hkv, S, D] fp32, in_sel, win [N, Hkv or 1, S]). When the blocks some query of a
+    head selects, with those its window reaches and those holding the step's own slots, are few (long
+    contexts: 16 selected blocks and a 512-token window of an 8K prefix's 128), only they are copied,
+    per KV head, whole blocks at a time; otherwise every slot is scored and masked."""
+    P, L, ls, n, hkv = step.P, step.L, step.cfg.slc_block, step.n, k.shape[0]
+    own = sel[:, :, step.new_blk] & step.vis[:, None, P:]                                # [N, Hkv, N]
+    first_own, blocks_l = P // ls, -(-L // ls)
+    m = min(step.nbs, blocks_l)             # sel's last column is where -1 entries went: not a block
+    need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)                # [Hkv, NB]
+    need[:, :m] = sel[:, :, :m].any(0)
+    need[:, min(step.win_blk, first_own):] = True
+    count = need.sum(1)
+    nb = int(count.max())
+    if nb * ls >= GATHER_BELOW * L or blocks_l * ls > k.shape[1]:
+        # the prefix's slots lie in their blocks in order and every query sees them: the block mask
+        # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
+        pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
+        return k[:, :L].float(), v[:, :L].float(), torch.cat([pre, own], 2), step.win[:, None]
+    dev, d = k.device, k.shape[2]
+    # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
+    blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
+    kt, vt = (_gather_blocks(x, blocks, blocks_l, ls) for x in (k, v))                    # [Hkv, S, D]
+    slots = (blocks[:, :, None] * ls + torch.arange(ls, device=dev)).view(hkv, nb * ls)  # [Hkv, S] cache slots
+    real = (torch.arange(nb, device=dev) < count[:, None]).repeat_interleave(ls, 1) & (slots < L)
+    pre = slots < P
+    mine = (slots - P).clamp_(0, n - 1)                                                  # an own slot's index
+    # (a block past the positions' holds own slots only: its column is never taken)
+    by_blk = torch.gather(sel, 2, blocks.clamp(max=step.nbs)[None].expand(n, -1, -1)).repeat_interleave(ls, 2)
+    by_own = torch.gather(own, 2, mine[None].expand(n, -1, -1))
+    in_sel = torch.where(pre, by_blk, by_own) & real                                     # [N, Hkv, S]
+    win_own = step.win[:, P:][:, mine]                                                   # [N, Hkv, S]
+    win = torch.where(pre, slots[None] > (step.pos - step.cfg.window)[:, None, None], win_own) & real
+    vt.masked_fill_(~real[..., None], 0.0)   # slots past the step's and padding: weight 0, and 0 x NaN is NaN
+    return kt, vt, in_sel, win
+
+
+def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int) -> torch.Tensor:
+    """x [Hkv, >= blocks_l * ls, D]'s blocks `blocks` [Hkv, nb] per head -> [Hkv, nb * ls, D] fp32, by an
+    index_select of whole blocks per head (advanced indexing over both dims took 1.8x its time for an
+    8K step's blocks)."""
+    hkv, d = x.shape[0], x.shape[2]
+    xb = x[:, : blocks_l * ls].view(hkv, blocks_l, ls * d)
+    out = torch.empty(hkv, blocks.shape[1], ls * d, dtype=x.dtype, device=x.device)
+    for h in range(hkv):
+        torch.index_select(xb[h], 0, blocks[h], out=out[h])
+    return out.view(hkv, -1, d).float()
 
 
 # The token branches' scores [Hkv, N, G, L] are a prefill chunk's largest tensor: once they outgrow
