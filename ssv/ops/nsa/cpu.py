@@ -147,8 +147,10 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
 
 # Gather the blocks a step reads when they are fewer than this share of its slots; past it, copying
-# them costs more than scoring every slot (measured: 2K and 4K steps ran slower gathered, 8K faster)
-GATHER_BELOW = 0.5
+# them costs more than scoring every slot. The default model's steps read 16-21 blocks at one row and
+# 18-36 at four; gathered, the 2K AR step (16 of 33 blocks) ran slower, the 4K one (16-20 of 65) about
+# even, the 8K one (16-21 of 126) 1.2-1.3x faster (bench/NOTES.md, session 25)
+GATHER_BELOW = 0.3
 
 
 def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor) -> tuple:
