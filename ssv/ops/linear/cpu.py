@@ -11,11 +11,11 @@ transposed form was the slower one. So nothing is assumed: `cpu_forms()` times b
 process over weights larger than the last-level cache and keeps the transposed one only where it is
 clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed|packed` fixes the choice.
 
-At 3-8 rows even that sgemm computes more than it streams (session 25's AMD VM: 18.6 ms of layer
-GEMMs at four rows, 24.7 at five, against 12.4 at two). oneDNN's prepacked weights
-(`torch.ops.mkldnn`, the form inductor's CPU backend freezes weights into) read them at 13-16 ms
-from three rows to six, so a bigger tree costs little more than a small one; one row is faster padded
-in the transposed form. The packed copy is made once per weight (`packed_weight`) and doubles the
+At 3-8 rows even that sgemm computes more than it streams (session 25's AMD VM: 23.3-37.5 ms of
+layer GEMMs at 4-6 rows). oneDNN's prepacked weights (`torch.ops.mkldnn`, the form inductor's CPU
+backend freezes weights into) took 15.8-18.1 ms at 3-8 rows, so a bigger tree costs little more than
+a small one; one row is faster padded in the transposed form
+(bench/results/cpu-packed/gemm-forms-154696f.json). The packed copy is made once per weight (`packed_weight`) and doubles the
 memory the decode step's weights take.
 
 All forms are fp32 GEMMs with fp32 accumulation: they differ in summation order only.

@@ -71,6 +71,10 @@ class CpuStep:
         self.nbp = -(-P // ls)                                                            # blocks holding prefix slots
         self.win_blk = max(0, int(pos.min()) - cfg.window + 1) // ls                      # the first one a window reaches
         self.scale: Optional[float] = None
+        # the gathered keys and values [2, Hkv, blocks * ls * D], made at the step's first gather and
+        # reused by every layer: a fresh ~1 MB tensor a layer was mmap'd and page-faulted each time
+        # (the copies took 3x as long)
+        self.gather_buf: Optional[torch.Tensor] = None
 
 
 def select_blocks_cpu(imp: torch.Tensor, step: CpuStep) -> torch.Tensor:
@@ -176,7 +180,9 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     dev, d = k.device, k.shape[2]
     # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
     blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
-    kt, vt = (_gather_blocks(x, blocks, blocks_l, ls) for x in (k, v))                    # [Hkv, S, D]
+    if step.gather_buf is None or step.gather_buf.shape[1:] != (hkv, blocks_l * ls * d) or step.gather_buf.dtype != k.dtype:
+        step.gather_buf = torch.empty(2, hkv, blocks_l * ls * d, dtype=k.dtype, device=dev)
+    kt, vt = (_gather_blocks(x, blocks, blocks_l, ls, buf) for x, buf in zip((k, v), step.gather_buf))  # [Hkv, S, D]
     slots = (blocks[:, :, None] * ls + torch.arange(ls, device=dev)).view(hkv, nb * ls)  # [Hkv, S] cache slots
     real = (torch.arange(nb, device=dev) < count[:, None]).repeat_interleave(ls, 1) & (slots < L)
     pre = slots < P
@@ -191,13 +197,14 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     return kt, vt, in_sel, win
 
 
-def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int) -> torch.Tensor:
-    """x [Hkv, >= blocks_l * ls, D]'s blocks `blocks` [Hkv, nb] per head -> [Hkv, nb * ls, D] fp32, by an
-    index_select of whole blocks per head (advanced indexing over both dims took 1.8x its time for an
-    8K step's blocks)."""
+def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int, buf: torch.Tensor) -> torch.Tensor:
+    """x [Hkv, >= blocks_l * ls, D]'s blocks `blocks` [Hkv, nb] per head -> [Hkv, nb * ls, D] fp32 (in
+    `buf` [Hkv, >= nb * ls * D]), by an index_select of whole blocks per head (advanced indexing over
+    both dims took 1.8x its time for an 8K step's blocks)."""
     hkv, d = x.shape[0], x.shape[2]
+    nb = blocks.shape[1]
     xb = x[:, : blocks_l * ls].view(hkv, blocks_l, ls * d)
-    out = torch.empty(hkv, blocks.shape[1], ls * d, dtype=x.dtype, device=x.device)
+    out = buf[:, : nb * ls * d].view(hkv, nb, ls * d)
     for h in range(hkv):
         torch.index_select(xb[h], 0, blocks[h], out=out[h])
     return out.view(hkv, -1, d).float()
