@@ -1,5 +1,5 @@
 """The CPU step with NSA's token branches over every slot against over the gathered blocks only
-(ssv/ops/nsa/cpu.py, `GATHER_BELOW`), at 2K, 4K and 8K: the default model's AR step (1 row) and
+(ssv/ops/nsa/cpu.py, `GATHER_SKIPS`), at 2K, 4K and 8K: the default model's AR step (1 row) and
 verify passes (4 and 6 rows, chains), the attention plan's share timed by wrapping its run. The two
 forms alternate in every round; medians. Writes OUT.json with the environment.
     python scripts/cpu_attention_steps.py OUT.json [rounds] [contexts...]
@@ -34,8 +34,8 @@ def main(out: str, rounds: int = 5, contexts=(2048, 4096, 8000)) -> None:
         attn[0] += time.perf_counter() - t
         return o
     attention.NSAPlan.run = timed_run
-    default = nsa_cpu.GATHER_BELOW
-    forms = {"every slot": 0.0, "gathered blocks": default}
+    default = nsa_cpu.GATHER_SKIPS
+    forms = {"every slot": 10 ** 9, "gathered blocks": default}
     rows = []
     for P in contexts:
         r = Runner(model, attention="nsa", max_len=max(contexts) + 64)
@@ -43,7 +43,7 @@ def main(out: str, rounds: int = 5, contexts=(2048, 4096, 8000)) -> None:
         t = {(f, m): ([], []) for f in forms for m in (1, 4, 6)}
         for _ in range(rounds):
             for f, gb in forms.items():
-                nsa_cpu.GATHER_BELOW = gb
+                nsa_cpu.GATHER_SKIPS = gb
                 for m in (1, 4, 6):
                     toks = torch.randint(0, 1000, (m,), generator=torch.Generator().manual_seed(m))
                     r.forward(toks, StepMeta.chain(r.length, m))          # not committed: the same step
@@ -53,14 +53,14 @@ def main(out: str, rounds: int = 5, contexts=(2048, 4096, 8000)) -> None:
                         r.forward(toks, StepMeta.chain(r.length, m))
                         t[f, m][0].append(time.perf_counter() - t0)
                         t[f, m][1].append(attn[0])
-        nsa_cpu.GATHER_BELOW = default
+        nsa_cpu.GATHER_SKIPS = default
         for (f, m), (step, at) in t.items():
             row = dict(context=P, form=f, rows=m, step_ms=statistics.median(step) * 1e3,
                        attention_ms=statistics.median(at) * 1e3)
             rows.append(row)
             print(f"{P:6d} {f:16s} rows {m}: step {row['step_ms']:6.1f} ms, attention {row['attention_ms']:5.1f} ms",
                   flush=True)
-    json.dump(dict(env=environment("cpu"), threads=torch.get_num_threads(), gather_below=default, rounds=rounds,
+    json.dump(dict(env=environment("cpu"), threads=torch.get_num_threads(), gather_skips=default, rounds=rounds,
                    rows=rows), open(out, "w"), indent=1)
 
 

@@ -22,7 +22,7 @@ SMALL = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=8, n_select=4, window=12)
 @pytest.fixture(autouse=True, params=["scored whole", "gathered"])
 def prefix_path(request, monkeypatch):
     import ssv.ops.nsa.cpu as cpu
-    monkeypatch.setattr(cpu, "GATHER_BELOW", 0.0 if request.param == "scored whole" else 1e9)
+    monkeypatch.setattr(cpu, "GATHER_SKIPS", 10 ** 9 if request.param == "scored whole" else -(10 ** 9))
     return request.param
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 import time
 import weakref
 from typing import Optional
@@ -92,12 +91,14 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = Non
 
 
 def _time(fn, reps: int) -> float:
+    # the fastest rep: a noisy VM only ever adds time, and one slow median once put the 1-row step on
+    # the packed form, 20% slower (session 25)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return min(ts)
 
 
 def layer_shapes(hidden: int, inter: int, kv: int) -> list:
@@ -107,7 +108,7 @@ def layer_shapes(hidden: int, inter: int, kv: int) -> list:
 
 
 def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192, layers: int = 8,
-               reps: int = 3) -> tuple:
+               reps: int = 4) -> tuple:
     # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count)
     # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
     # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one

@@ -150,11 +150,12 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
     return out, idx
 
 
-# Gather the blocks a step reads when they are fewer than this share of its slots; past it, copying
-# them costs more than scoring every slot. The default model's steps read 16-21 blocks at one row and
-# 18-36 at four; gathered, the 2K AR step (16 of 33 blocks) ran slower, the 4K one (16-20 of 65) about
-# even, the 8K one (16-21 of 126) 1.2-1.3x faster (bench/NOTES.md, session 25)
-GATHER_BELOW = 0.3
+# Gather the blocks a step reads when that skips at least this many slots; below it, copying them costs
+# about what scoring every slot does. The default model's steps read 16-21 blocks of 64 at one row and
+# 18-36 at four. Gathered, the 2K AR step (16 of 33 blocks) ran slower, the 4K one (16-20 of 65) 14%
+# slower and 4-6-row passes even, the 8K ones (13-29% of 126 blocks) 1.14-1.44x faster
+# (bench/results/cpu-packed/attention-steps-*.json; bench/NOTES.md, session 25).
+GATHER_SKIPS = 4096
 
 
 def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -172,7 +173,7 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     need[:, min(step.win_blk, first_own):] = True
     count = need.sum(1)
     nb = int(count.max())
-    if nb * ls >= GATHER_BELOW * L or blocks_l * ls > k.shape[1]:
+    if L - nb * ls < GATHER_SKIPS or blocks_l * ls > k.shape[1]:
         # the prefix's slots lie in their blocks in order and every query sees them: the block mask
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
