@@ -122,3 +122,27 @@ def test_the_gathered_prefix_reads_only_needed_blocks(prefix_path):
         torch.testing.assert_close(got, want.o, **TOL)
     else:
         assert got.isnan().any()
+
+
+def test_strict_rounds_emit_ar_tokens_with_the_prefix_gathered_or_not(prefix_path):
+    # the device round on the CPU (verify passes of 4 and 6 rows, AR steps, one gather buffer a step
+    # reused by every layer) gives ar's greedy text token for token either way
+    from ssv.engine.device_round import DeviceEngine
+    from ssv.engine.generate import generate_ar
+    from ssv.engine.runner import Runner
+    from ssv.engine.spec import SpecOptions, generate_spec
+    from ssv.spec.accept import SamplingParams
+    from ssv.spec.tree import TreeSpec
+
+    from ..conftest import make_tiny_model
+    from ..engine.test_device_round import NSA, OracleDeviceDrafter
+    greedy = SamplingParams(temperature=0.0)
+    r = Runner(make_tiny_model(4, vocab=64, n_layers=3), attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(0, 64, (130,), generator=torch.Generator().manual_seed(5)).tolist()
+    ar = generate_ar(r, prompt, greedy, 40)
+    for spec in ((2, 2, 4), (3, 2, 6)):
+        d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64)
+        res = generate_spec(r, d, prompt, greedy, 40, opts=SpecOptions(tree=TreeSpec(*spec)),
+                            engine=DeviceEngine(r, d))
+        assert res.token_ids == ar.token_ids
+        assert res.stats["mean_accepted_length"] > 1.3

@@ -153,7 +153,7 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 # Gather the blocks a step reads when that skips at least this many slots; below it, copying them costs
 # about what scoring every slot does. The default model's steps read 16-21 blocks of 64 at one row and
 # 18-36 at four. Gathered, the 2K AR step (16 of 33 blocks) ran slower, the 4K one (16-20 of 65) 14%
-# slower and 4-6-row passes even, the 8K ones (13-29% of 126 blocks) 1.14-1.44x faster
+# slower and 4-6-row passes even, the 8K ones (13-29% of 126 blocks) 1.35-1.51x faster
 # (bench/results/cpu-packed/attention-steps-*.json; bench/NOTES.md, session 25).
 GATHER_SKIPS = 4096
 
@@ -181,9 +181,10 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     dev, d = k.device, k.shape[2]
     # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
     blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
-    if step.gather_buf is None or step.gather_buf.shape[1:] != (hkv, blocks_l * ls * d) or step.gather_buf.dtype != k.dtype:
-        step.gather_buf = torch.empty(2, hkv, blocks_l * ls * d, dtype=k.dtype, device=dev)
-    kt, vt = (_gather_blocks(x, blocks, blocks_l, ls, buf) for x, buf in zip((k, v), step.gather_buf))  # [Hkv, S, D]
+    buf = step.gather_buf
+    if buf is None or buf.shape[1:] != (hkv, blocks_l * ls * d) or buf.dtype != k.dtype:
+        buf = step.gather_buf = torch.empty(2, hkv, blocks_l * ls * d, dtype=k.dtype, device=dev)
+    kt, vt = (_gather_blocks(x, blocks, blocks_l, ls, b) for x, b in zip((k, v), buf))   # [Hkv, S, D]
     slots = (blocks[:, :, None] * ls + torch.arange(ls, device=dev)).view(hkv, nb * ls)  # [Hkv, S] cache slots
     real = (torch.arange(nb, device=dev) < count[:, None]).repeat_interleave(ls, 1) & (slots < L)
     pre = slots < P
@@ -198,7 +199,8 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     return kt, vt, in_sel, win
 
 
-def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int, buf: torch.Tensor) -> torch.Tensor:
+def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int,
+                   buf: torch.Tensor) -> torch.Tensor:
     """x [Hkv, >= blocks_l * ls, D]'s blocks `blocks` [Hkv, nb] per head -> [Hkv, nb * ls, D] fp32 (in
     `buf` [Hkv, >= nb * ls * D]), by an index_select of whole blocks per head (advanced indexing over
     both dims took 1.8x its time for an 8K step's blocks)."""
