@@ -7,9 +7,9 @@ concatenated) took 33.4 ms at one row (sgemv, ~13 GB/s) and 62.4 ms at three row
 (x @ w.T), but 15.0 ms (one row padded to two) and 20.6 ms (three) as (w @ x.T).T, an sgemm whose
 small side is its N (bench/results/cpu-gemm/gemm-forms-c05e736.json). A single row is
 padded to two so that it takes that sgemm, not the sgemv. On the Intel VM of an earlier session the
-transposed form was the slower one. So nothing is assumed: `cpu_forms()` times both forms once per
-process over weights larger than the last-level cache and keeps the transposed one only where it is
-clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed|packed` fixes the choice.
+transposed form was the slower one. So nothing is assumed: `cpu_forms()` times the forms once per
+process over weights larger than the last-level cache and keeps another form than F.linear only where
+it is clearly faster (`MARGIN`); `SSV_CPU_GEMM=linear|transposed|packed` fixes the choice.
 
 At 3-8 rows even that sgemm computes more than it streams (session 25's AMD VM: 23.3-37.5 ms of
 layer GEMMs at 4-6 rows). oneDNN's prepacked weights (`torch.ops.mkldnn`, the form inductor's CPU
