@@ -1,5 +1,5 @@
 """The CPU decode step's GEMM forms timed side by side (ssv/ops/linear/cpu.py): F.linear, (w @ x.T).T
-(one row padded to two) and oneDNN's packed weights at 1-16 rows over a SmolLM2-135M step's layer weights (30 layers of
+(one row padded to two) and oneDNN's packed weights at 1-256 rows over a SmolLM2-135M step's layer weights (30 layers of
 q|k|v, o, gate|up and down, distinct random weights: 425 MB, read from memory) and over its 49152 x 576
 head; the calibration's own time and choice; and a torch.profiler split of the default model's AR step
 and 3-, 4- and 6-row verify passes at 2K in each form (the GEMMs' ops, aten::bmm). Medians; writes OUT.json with the environment.
@@ -74,7 +74,7 @@ def main(out: str) -> None:
     layer = [torch.randn(*s) for _ in range(30) for s in LAYER]
     head = [torch.randn(*HEAD)]
     rows = []
-    for m in (1, 2, 3, 4, 5, 6, 8, 12, 16):
+    for m in (1, 2, 3, 4, 5, 6, 8, 12, 16, 48, 256):
         row = {"rows": m}
         for f in cpu.FORMS:
             row[f"layers {f} ms"] = gemms(layer, m, f)
