@@ -8,8 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ssv.config import ModelConfig, RopeConfig
-from ssv.ops.linear.cpu import MAX_ROWS as CPU_MAX_ROWS
-from ssv.ops.linear.cpu import cpu_forms, cpu_linear, uses_forms
+from ssv.ops.linear.cpu import cpu_form, cpu_linear, uses_forms
 
 
 class RMSNorm(nn.Module):
@@ -103,14 +102,12 @@ def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm") -> torch.Tensor:
 
 
 def dense(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
-    """x @ w.T (+ b) for the eager layers: F.linear, except for a CPU decode step's few fp32 rows
-    outside autograd, which take the form ssv/ops/linear/cpu.py measured fastest on this machine."""
+    """x @ w.T (+ b) for the eager layers: F.linear, except for a CPU step's fp32 rows outside autograd,
+    which take the form ssv/ops/linear/cpu.py measured fastest on this machine for that many rows."""
     if uses_forms(x.device, x.dtype) and not torch.is_grad_enabled():
-        rows = x.numel() // max(1, x.shape[-1])
-        if 1 <= rows <= CPU_MAX_ROWS:
-            form = cpu_forms()[rows - 1]
-            if form != "linear":
-                return cpu_linear(x, w, b, form)
+        form = cpu_form(x.numel() // max(1, x.shape[-1]))
+        if form != "linear":
+            return cpu_linear(x, w, b, form)
     return F.linear(x, w, b)
 
 

@@ -71,8 +71,9 @@ def test_cpu_linear_refuses_bad_input():
 def test_forms_from_env_and_calibration(monkeypatch):
     for form in cpu.FORMS:
         monkeypatch.setenv(cpu.ENV, form)
-        assert cpu.cpu_forms() == (form,) * cpu.MAX_ROWS
-        assert cpu.cpu_form(1) == form and cpu.cpu_form(cpu.MAX_ROWS + 1) == "linear"
+        many = "linear" if form == "transposed" else form      # the transposed form never for many rows
+        assert cpu.cpu_forms() == (form,) * cpu.MAX_ROWS + (many,)
+        assert cpu.cpu_form(1) == form and cpu.cpu_form(cpu.MAX_ROWS + 1) == many == cpu.cpu_form(300)
     monkeypatch.setenv(cpu.ENV, "fast")
     with pytest.raises(ValueError, match="SSV_CPU_GEMM must be one of"):
         cpu.cpu_forms()
@@ -80,7 +81,7 @@ def test_forms_from_env_and_calibration(monkeypatch):
     assert cpu.cpu_forms() == cpu._calibrated(torch.get_num_threads())
     # the measured choice: a valid form per row count, the same for the rows one probe stands for
     got = cpu._calibrate(torch.get_num_threads(), hidden=64, inter=96, kv=32, layers=1, reps=1)
-    assert len(got) == cpu.MAX_ROWS and set(got) <= set(cpu.FORMS)
+    assert len(got) == cpu.MAX_ROWS + 1 and set(got) <= set(cpu.FORMS) and got[-1] != "transposed"
     for _, rows in cpu.PROBES:
         assert len({got[r - 1] for r in rows}) == 1
 
@@ -91,8 +92,8 @@ def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
     assert cpu._choose({"linear": 1.0, "transposed": 0.8, "packed": 0.7}) == "packed"
     assert cpu._choose({"linear": 0.5, "transposed": 0.8, "packed": 0.7}) == "linear"
     # the timer replaced: F.linear takes 1.0 at every probe, the other forms what `times` says
-    times = {"transposed": {1: 0.5, 2: 0.5, 3: 0.95, 4: 0.3, 6: 2.0},
-             "packed": {1: 0.6, 2: 1.5, 3: 0.7, 4: 0.4, 6: 0.95}}
+    times = {"transposed": {1: 0.5, 2: 0.5, 3: 0.95, 4: 0.3, 6: 2.0, cpu.MANY_ROWS: 0.1},
+             "packed": {1: 0.6, 2: 1.5, 3: 0.7, 4: 0.4, 6: 0.95, cpu.MANY_ROWS: 0.8}}
     seen = []
 
     def fake_time(fn, reps):
@@ -108,7 +109,11 @@ def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
     monkeypatch.setattr(cpu, "_time", fake_time)
     monkeypatch.setattr(cpu, "cpu_linear", spy)
     got = cpu._calibrate(0, hidden=16, inter=32, kv=8, layers=1, reps=1)
-    assert got == ("transposed", "transposed", "packed", "transposed", "linear", "linear", "linear", "linear")
+    # (many rows: packed, though the transposed form would be faster there: it is never timed for them)
+    assert got == ("transposed", "transposed", "packed", "transposed", "linear", "linear", "linear", "linear",
+                   "packed")
+    times["packed"][cpu.MANY_ROWS] = 0.95
+    assert cpu._calibrate(0, hidden=16, inter=32, kv=8, layers=1, reps=1)[-1] == "linear"
 
 
 @pytest.mark.parametrize("form", cpu.FORMS)
@@ -121,9 +126,10 @@ def test_dense_dispatch(monkeypatch, form):
     x, w = torch.randn(3, 32), torch.randn(8, 32)
     with torch.no_grad():
         y = dense(x, w)
-        dense(torch.randn(cpu.MAX_ROWS + 1, 32), w)       # past MAX_ROWS: F.linear
+        dense(torch.randn(cpu.MAX_ROWS + 1, 32), w)       # past MAX_ROWS: the many-rows form
         dense(x.double(), w.double())                     # not fp32: F.linear
     want = [] if form == "linear" else [form]             # the linear form is F.linear itself
+    want += ["packed"] if form == "packed" else []        # (the transposed one is never the many-rows form)
     assert seen == want
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
     # with autograd on (training), always F.linear: the same bits and a gradient
@@ -167,7 +173,7 @@ def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
     from ssv.engine.runner import Runner
     monkeypatch.setenv(cpu.ENV, "auto")
     calls = []
-    monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * cpu.MAX_ROWS)
+    monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * (cpu.MAX_ROWS + 1))
     Runner(make_tiny_model(0, n_layers=1), attention="nsa")
     assert calls and set(calls) == {torch.get_num_threads()}
 

@@ -32,7 +32,9 @@ import torch
 from torch.nn import functional as F
 
 FORMS = ("linear", "transposed", "packed")
-MAX_ROWS = 8        # an AR step and a small tree's verify pass; longer steps (prefill) are GEMM-shaped
+MAX_ROWS = 8        # rows timed one by one: an AR step and a small tree's verify pass
+MANY_ROWS = 64      # the probe standing for every longer step (48-node verify passes, prefill chunks):
+                    # F.linear or packed only (the transposed form fell behind F.linear by 16 rows)
 MARGIN = 1.1        # another form must be this much faster than F.linear to be chosen (a noisy 2-core VM)
 # the row counts timed, each standing for a range: one row (the AR step, padded to two), two (where
 # the transposed form is fastest), three, four (where MKL's F.linear changed kernels on an Intel VM,
@@ -124,7 +126,10 @@ def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192
         t = {f: _time(lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws], reps) for f in forms}
         for r in rows:
             out[r] = _choose(t)
-    return tuple(out[r] for r in range(1, MAX_ROWS + 1))
+    x = {k: torch.full((MANY_ROWS, k), 0.5) for k in (hidden, inter)}
+    many = {f: _time(lambda f=f: [cpu_linear(x[w.shape[1]], w, form=f) for w in ws], reps)
+            for f in forms if f != "transposed"}
+    return tuple(out[r] for r in range(1, MAX_ROWS + 1)) + (_choose(many),)
 
 
 def _choose(t: dict) -> str:
@@ -154,14 +159,14 @@ def prepack(model: torch.nn.Module) -> None:
 
 
 def cpu_forms() -> tuple:
-    """The form per row count 1..MAX_ROWS on this machine (measured once per process and thread
+    """The form per row count 1..MAX_ROWS, then for more rows, on this machine (measured once per process and thread
     count, or `SSV_CPU_GEMM`, which makes runs reproducible: the forms round differently)."""
     env = os.environ.get(ENV) or "auto"
     if env == "auto":
         return _calibrated(torch.get_num_threads())
     if env not in available_forms():
         raise ValueError(f"{ENV} must be one of {available_forms() + ('auto',)}, got {env!r}")
-    return (env,) * MAX_ROWS
+    return (env,) * MAX_ROWS + ("linear" if env == "transposed" else env,)
 
 
 def uses_forms(device, dtype) -> bool:
@@ -170,4 +175,4 @@ def uses_forms(device, dtype) -> bool:
 
 
 def cpu_form(rows: int) -> str:
-    return cpu_forms()[rows - 1] if 1 <= rows <= MAX_ROWS else "linear"
+    return cpu_forms()[min(rows, MAX_ROWS + 1) - 1] if rows >= 1 else "linear"
