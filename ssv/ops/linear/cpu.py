@@ -15,8 +15,10 @@ At 3-8 rows even that sgemm computes more than it streams (session 25's AMD VM: 
 layer GEMMs at 4-6 rows). oneDNN's prepacked weights (`torch.ops.mkldnn`, the form inductor's CPU
 backend freezes weights into) took 15.8-18.1 ms at 3-8 rows, so a bigger tree costs little more than
 a small one; one row is faster padded in the transposed form
-(bench/results/cpu-packed/gemm-forms-154696f.json). The packed copy is made once per weight (`packed_weight`) and doubles the
-memory the decode step's weights take.
+(bench/results/cpu-packed/gemm-forms-154696f.json). Past 8 rows the packed form beat F.linear too
+(1.8x at 48 rows, 1.5x at 256: gemm-forms-fda2f50.json), so one probe at `MANY_ROWS` decides every
+longer step (prefill chunks, 48-node verify passes). The packed copy is made once per weight
+(`packed_weight`) and doubles the memory the weights take.
 
 All forms are fp32 GEMMs with fp32 accumulation: they differ in summation order only.
 """
@@ -159,8 +161,9 @@ def prepack(model: torch.nn.Module) -> None:
 
 
 def cpu_forms() -> tuple:
-    """The form per row count 1..MAX_ROWS, then for more rows, on this machine (measured once per process and thread
-    count, or `SSV_CPU_GEMM`, which makes runs reproducible: the forms round differently)."""
+    """The form per row count 1..MAX_ROWS, then the one for more rows, on this machine: measured once per
+    process and thread count, or `SSV_CPU_GEMM` (which makes runs reproducible: the forms round
+    differently; a fixed "transposed" leaves longer steps on F.linear)."""
     env = os.environ.get(ENV) or "auto"
     if env == "auto":
         return _calibrated(torch.get_num_threads())
