@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from ssv.bench.cpu import median_ms
 from ssv.bench.kernels import environment
 from ssv.ops.linear import cpu
 
@@ -22,19 +22,9 @@ LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]   # q|k|v, o, gate|up
 HEAD = (49152, 576)
 
 
-def timed(fn, reps: int = 7) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
-
-
 def gemms(ws, m: int, form: str) -> float:
     xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in ws}
-    return timed(lambda: [cpu.cpu_linear(xs[w.shape[1]], w, form=form) for w in ws])
+    return median_ms(lambda: [cpu.cpu_linear(xs[w.shape[1]], w, form=form) for w in ws])
 
 
 def profile_steps() -> dict:
@@ -57,7 +47,7 @@ def profile_steps() -> dict:
     for form in cpu.FORMS:   # dense() reads the env at every call
         os.environ[cpu.ENV] = form
         for name, f in steps.items():
-            ms = timed(f, 5)
+            ms = median_ms(f, 5)
             with profile(activities=[ProfilerActivity.CPU]) as p:
                 for _ in range(3):
                     f()

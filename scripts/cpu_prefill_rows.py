@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 from ssv.attention import StepMeta
+from ssv.bench.cpu import median_ms
 from ssv.bench.kernels import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
 
 
 def main():

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-import ssv.attention as attention
 from ssv.attention import StepMeta
+from ssv.bench.cpu import attention_timer
 from ssv.cli import cpu_tree, load_model
 from ssv.draft import load_drafter
 from ssv.engine import spec
@@ -35,42 +35,34 @@ def main(P=2048, rounds=12, out=None, shape=None):
     r = Runner(model, attention="nsa")
     opts = spec.SpecOptions(tree=TreeSpec(*shape))
     params, gen = SamplingParams(temperature=0.0), torch.Generator().manual_seed(0)
-    attn = [0.0]
-    run0 = attention.NSAPlan.run
-
-    def timed_run(self, *a, **k):
-        t = time.perf_counter()
-        o = run0(self, *a, **k)
-        attn[0] += time.perf_counter() - t
-        return o
-    attention.NSAPlan.run = timed_run
-    logits, chunks = r.prefill(ids, taps=drafter.taps)
-    root = int(logits.argmax())
-    taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
-    root_logp = drafter.commit(taps, torch.tensor(ids[1:] + [root]))
-    t = {k: [] for k in ("ar", "ar_attn", "draft", "verify", "verify_attn", "accept", "commit", "round")}
-    mal = []
-    for _ in range(rounds):
-        attn[0] = 0.0
-        t0 = time.perf_counter()
-        r.forward(torch.tensor([root]), StepMeta.chain(r.length, 1), taps=drafter.taps)   # not committed
-        t["ar"].append(time.perf_counter() - t0)
-        t["ar_attn"].append(attn[0])
-        attn[0] = 0.0
-        t0 = time.perf_counter()
-        tree, _ = spec.draft(drafter, root, root_logp, opts)
-        t1 = time.perf_counter()
-        logits, vt = spec.verify(r, tree, opts, taps=drafter.taps)
-        t2 = time.perf_counter()
-        res = spec.accept(tree, logits, params, gen)
-        t3 = time.perf_counter()
-        root_logp = spec.commit(r, drafter, res, vt)
-        t4 = time.perf_counter()
-        root = res.bonus
-        mal.append(len(res.tokens) + 1)
-        for k, v in (("draft", t1 - t0), ("verify", t2 - t1), ("verify_attn", attn[0]), ("accept", t3 - t2),
-                     ("commit", t4 - t3), ("round", t4 - t0)):
-            t[k].append(v)
+    with attention_timer() as attn:   # the attention plan's seconds, reset per step
+        logits, chunks = r.prefill(ids, taps=drafter.taps)
+        root = int(logits.argmax())
+        taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
+        root_logp = drafter.commit(taps, torch.tensor(ids[1:] + [root]))
+        t = {k: [] for k in ("ar", "ar_attn", "draft", "verify", "verify_attn", "accept", "commit", "round")}
+        mal = []
+        for _ in range(rounds):
+            attn[0] = 0.0
+            t0 = time.perf_counter()
+            r.forward(torch.tensor([root]), StepMeta.chain(r.length, 1), taps=drafter.taps)   # not committed
+            t["ar"].append(time.perf_counter() - t0)
+            t["ar_attn"].append(attn[0])
+            attn[0] = 0.0
+            t0 = time.perf_counter()
+            tree, _ = spec.draft(drafter, root, root_logp, opts)
+            t1 = time.perf_counter()
+            logits, vt = spec.verify(r, tree, opts, taps=drafter.taps)
+            t2 = time.perf_counter()
+            res = spec.accept(tree, logits, params, gen)
+            t3 = time.perf_counter()
+            root_logp = spec.commit(r, drafter, res, vt)
+            t4 = time.perf_counter()
+            root = res.bonus
+            mal.append(len(res.tokens) + 1)
+            for k, v in (("draft", t1 - t0), ("verify", t2 - t1), ("verify_attn", attn[0]), ("accept", t3 - t2),
+                         ("commit", t4 - t3), ("round", t4 - t0)):
+                t[k].append(v)
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
     for k, v in med.items():
         print(f"{k:12s} {v:8.1f} ms")

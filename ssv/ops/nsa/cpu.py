@@ -130,7 +130,7 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
-    kt, vt, in_sel, win = _visible_slots(sel, step, k, v)
+    kt, vt, in_sel, win = _visible_slots(sel, step, k, v, kf, vf)
     if gated:
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
         o_slc, o_win = _token_branches(qh, kt, vt, scale, (in_sel, win), hkv, n, g)
@@ -158,9 +158,11 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 GATHER_SKIPS = 4096
 
 
-def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor) -> tuple:
+def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor, kf: torch.Tensor,
+                   vf: torch.Tensor) -> tuple:
     """The keys and values the token branches score, and per query which of them its selection and its
-    window keep: (k, v [Hkv, S, D] fp32, in_sel, win [N, Hkv or 1, S]). When the blocks some query of a
+    window keep: (k, v [Hkv, S, D] fp32, in_sel, win [N, Hkv or 1, S]). k, v: the cache's layer (whole
+    blocks are copied from it); kf, vf: its first L slots in fp32. When the blocks some query of a
     head selects, with those its window reaches and those holding the step's own slots, are few (long
     contexts: 16 selected blocks and a 512-token window of an 8K prefix's 128), only they are copied,
     per KV head, whole blocks at a time; otherwise every slot is scored and masked."""
@@ -177,7 +179,7 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
         # the prefix's slots lie in their blocks in order and every query sees them: the block mask
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
-        return k[:, :L].float(), v[:, :L].float(), torch.cat([pre, own], 2), step.win[:, None]
+        return kf, vf, torch.cat([pre, own], 2), step.win[:, None]
     dev, d = k.device, k.shape[2]
     # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
     blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
