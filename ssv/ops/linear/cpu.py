@@ -42,7 +42,7 @@ MARGIN = 1.1        # another form must be this much faster than F.linear to be 
 # the transposed form is fastest), three, four (where MKL's F.linear changed kernels on an Intel VM,
 # which decides the CPU's tree), 5-8
 PROBES = ((1, (1,)), (2, (2,)), (3, (3,)), (4, (4,)), (6, (5, 6, 7, 8)))
-PACK_ROWS = 4       # oneDNN's batch hint for the packed layout (a verify pass's rows; 1 or 8 measured no better)
+PACK_ROWS = 4       # oneDNN's batch hint for the packed layout: a small verify pass's rows
 ENV = "SSV_CPU_GEMM"
 
 
@@ -117,7 +117,7 @@ def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192
     # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
     # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one
     # row: 12 weights of 1536 x 576, or three layers, put the packed form first where the model's AR
-    # step ran 19% slower with it (session 25, 55 against 46 ms at 2K)
+    # step ran 19% slower with it (61.2 against 51.5 ms at 2K, bench/results/cpu-packed/gemm-forms-154696f.json)
     ws = [torch.full(s, 0.01 * (i + 1)) for i in range(layers) for s in layer_shapes(hidden, inter, kv)]
     forms = available_forms()
     for f in forms:    # the packed copies are made outside the timing, as a step's are after its first

@@ -73,7 +73,7 @@ class CpuStep:
         self.scale: Optional[float] = None
         # the gathered keys and values [2, Hkv, blocks * ls * D], made at the step's first gather and
         # reused by every layer: a fresh ~1 MB tensor a layer was mmap'd and page-faulted each time
-        # (the copies took 3x as long)
+        # (an unrecorded profile at 8K: the copies took about 3x as long; bench/NOTES.md, session 25)
         self.gather_buf: Optional[torch.Tensor] = None
 
 
@@ -205,7 +205,7 @@ def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int
                    buf: torch.Tensor) -> torch.Tensor:
     """x [Hkv, >= blocks_l * ls, D]'s blocks `blocks` [Hkv, nb] per head -> [Hkv, nb * ls, D] fp32 (in
     `buf` [Hkv, >= nb * ls * D]), by an index_select of whole blocks per head (advanced indexing over
-    both dims took 1.8x its time for an 8K step's blocks)."""
+    both dims was slower in an unrecorded microbenchmark)."""
     hkv, d = x.shape[0], x.shape[2]
     nb = blocks.shape[1]
     xb = x[:, : blocks_l * ls].view(hkv, blocks_l, ls * d)
