@@ -111,6 +111,13 @@ def dense(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
     return F.linear(x, w, b)
 
 
+def cpu_step(x: torch.Tensor) -> bool:
+    """A CPU fp32 step outside autograd: the eager layers multiply by q|k|v and gate|up concatenated
+    (`cpu_weights`), two GEMMs a layer instead of five, each in ssv/ops/linear/cpu.py's form for its
+    rows (fewer ops; a CPU step is half op overhead at 2K, bench/NOTES.md, session 26)."""
+    return uses_forms(x.device, x.dtype) and not torch.is_grad_enabled()
+
+
 def fused_glue(x: torch.Tensor) -> bool:
     """The CUDA step runs the fused glue kernels (ssv/ops/glue); elsewhere the eager layers run, and
     so does anything that records gradients (the kernels have no backward: training keeps autograd)."""
@@ -124,7 +131,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    def cpu_weights(self) -> list:
+        """The CPU step's weights: gate|up concatenated (cached), down."""
+        return [_cat_cached(self, "_wgu", [self.gate_proj.weight, self.up_proj.weight]), self.down_proj.weight]
+
     def forward(self, x):
+        if cpu_step(x):
+            wgu, wd = self.cpu_weights()
+            gu, i = dense(x, wgu), wd.shape[1]
+            return dense(F.silu(gu[..., :i]) * gu[..., i:], wd)
         return dense(F.silu(dense(x, self.gate_proj.weight)) * dense(x, self.up_proj.weight), self.down_proj.weight)
 
 
@@ -161,12 +176,24 @@ class Attention(nn.Module):
                        pos=pos)
         return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
 
+    def cpu_weights(self) -> list:
+        """The CPU step's weights: q|k|v concatenated (cached), o, and a gated layer's g apart."""
+        return [_cat_cached(self, "_wqkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                self.o_proj.weight] + ([self.g_proj.weight] if self.g_proj is not None else [])
+
     def forward(self, x, cos, sin, plan, cache):
         n = x.shape[0]
         c = self.cfg
-        q = apply_rope(dense(x, self.q_proj.weight, self.q_proj.bias).view(n, c.n_heads, c.head_dim), cos, sin)
-        k = apply_rope(dense(x, self.k_proj.weight, self.k_proj.bias).view(n, c.n_kv_heads, c.head_dim), cos, sin)
-        v = dense(x, self.v_proj.weight, self.v_proj.bias).view(n, c.n_kv_heads, c.head_dim)
+        h, hk, d = c.n_heads, c.n_kv_heads, c.head_dim
+        if cpu_step(x):
+            b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
+            qkv = dense(x, self.cpu_weights()[0], b)
+            qk = apply_rope(qkv[:, : (h + hk) * d].view(n, h + hk, d), cos, sin)    # q and k heads at once
+            q, k, v = qk[:, :h], qk[:, h:], qkv[:, (h + hk) * d:].view(n, hk, d)
+        else:
+            q = apply_rope(dense(x, self.q_proj.weight, self.q_proj.bias).view(n, h, d), cos, sin)
+            k = apply_rope(dense(x, self.k_proj.weight, self.k_proj.bias).view(n, hk, d), cos, sin)
+            v = dense(x, self.v_proj.weight, self.v_proj.bias).view(n, hk, d)
         cache.write_slots(self.layer, k, v, plan.slots(cache, n))
         gates = torch.sigmoid(dense(x, self.g_proj.weight).float()).view(n, c.n_heads, 3) if self.g_proj is not None else None
         o = plan.run(self.layer, q, cache, gates)

@@ -187,13 +187,58 @@ def test_a_cpu_runner_packs_the_weights_its_steps_read(monkeypatch, tie):
     from ssv.engine.runner import Runner
     model = make_tiny_model(2, n_layers=2, tie=tie)
     head = model.embed_tokens.weight if tie else model.lm_head.weight
-    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    # a layer's step multiplies by q|k|v and gate|up concatenated, o and down: not by q, k, v, gate, up
+    read = [w for blk in model.layers for w in blk.self_attn.cpu_weights() + blk.mlp.cpu_weights()] + [head]
+    apart = [m.weight for blk in model.layers for m in (blk.self_attn.q_proj, blk.self_attn.k_proj,
+                                                         blk.self_attn.v_proj, blk.mlp.gate_proj, blk.mlp.up_proj)]
     monkeypatch.setenv(cpu.ENV, "transposed")
     Runner(model, attention="nsa")
-    assert not any(id(w) in cpu._PACKS for w in linears + [head])
+    assert not any(id(w) in cpu._PACKS for w in read)
     monkeypatch.setenv(cpu.ENV, "packed")
     Runner(model, attention="nsa")
-    assert all(cpu._PACKS[id(w)][0]() is w for w in linears + [head])
+    assert all(cpu._PACKS[id(w)][0]() is w for w in read)
+    assert not any(id(w) in cpu._PACKS for w in apart)
+
+
+@pytest.mark.parametrize("variant", ["plain", "bias+tied", "gated"])
+def test_cpu_step_on_concatenated_weights_matches_separate_projections(monkeypatch, variant):
+    # the CPU step (q|k|v and gate|up each one GEMM, RoPE over q and k heads at once) against the
+    # layers' separate projections, on a prefill, a 3-row verify and an AR step; then a weight
+    # changed in place: the concatenation follows it
+    from ..conftest import make_tiny_model
+
+    import ssv.model.layers as layers
+    from ssv.attention import StepMeta
+    from ssv.config import NSAConfig
+    from ssv.engine.runner import Runner
+    kw = {"plain": {}, "bias+tied": dict(attn_bias=True, tie=True),
+          "gated": dict(nsa=NSAConfig(gating="gated"))}[variant]
+    model = make_tiny_model(4, **kw)
+    ids = torch.randint(0, 97, (41,), generator=torch.Generator().manual_seed(2)).tolist()
+    monkeypatch.setenv(cpu.ENV, "transposed")
+
+    def run():
+        r = Runner(model, attention="nsa")
+        pre, _ = r.prefill(ids[:37])
+        ver, _ = r.forward(torch.tensor(ids[37:40]), StepMeta.chain(r.length, 3))
+        step, _ = r.forward(torch.tensor(ids[37:38]), StepMeta.chain(r.length, 1))
+        return pre, ver, step
+    for change in (False, True):
+        if change:
+            with torch.no_grad():
+                model.layers[1].self_attn.k_proj.weight.mul_(-1.5)
+                model.layers[0].mlp.up_proj.weight.add_(0.05)
+        fused = run()
+        monkeypatch.setattr(layers, "cpu_step", lambda x: False)
+        apart = run()
+        monkeypatch.undo()
+        monkeypatch.setenv(cpu.ENV, "transposed")
+        for a, b in zip(fused, apart):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        if not change:
+            before = fused
+    assert not torch.allclose(before[2], fused[2], atol=1e-3)   # the change reached the CPU step
 
 
 @pytest.mark.parametrize("form", cpu.FORMS)

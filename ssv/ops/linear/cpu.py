@@ -147,12 +147,19 @@ def _calibrated(threads: int) -> tuple:
 
 
 def prepack(model: torch.nn.Module) -> None:
-    """Make the packed copies of a model's decode weights now, outside any timed step: its nn.Linear
-    weights and a tied head's embedding (a no-op unless some row count takes the packed form)."""
+    """Make the packed copies of a model's decode weights now, outside any timed step: those its
+    modules' `cpu_weights` name, the other nn.Linear weights and a tied head's embedding (a no-op
+    unless some row count takes the packed form)."""
     p = next(model.parameters(), None)
     if p is None or not uses_forms(p.device, p.dtype) or "packed" not in cpu_forms():
         return
-    ws = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    ws, covered = [], set()
+    for mod in model.modules():    # a module that multiplies by other tensors names them (q|k|v, gate|up)
+        if hasattr(mod, "cpu_weights") and id(mod) not in covered:
+            with torch.no_grad():
+                ws += mod.cpu_weights()
+            covered.update(id(c) for c in mod.modules())
+    ws += [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in covered]
     if getattr(model, "lm_head", True) is None:     # a tied head multiplies by the embedding
         ws.append(model.embed_tokens.weight)
     with torch.no_grad():

@@ -169,13 +169,14 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     P, L, ls, n, hkv = step.P, step.L, step.cfg.slc_block, step.n, k.shape[0]
     own = sel[:, :, step.new_blk] & step.vis[:, None, P:]                                # [N, Hkv, N]
     first_own, blocks_l = P // ls, -(-L // ls)
-    m = min(step.nbs, blocks_l)             # sel's last column is where -1 entries went: not a block
-    need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)                # [Hkv, NB]
-    need[:, :m] = sel[:, :, :m].any(0)
-    need[:, min(step.win_blk, first_own):] = True
-    count = need.sum(1)
-    nb = int(count.max())
-    if L - nb * ls < GATHER_SKIPS or blocks_l * ls > k.shape[1]:
+    if L >= GATHER_SKIPS and blocks_l * ls <= k.shape[1]:   # (shorter: no gather can skip enough)
+        m = min(step.nbs, blocks_l)         # sel's last column is where -1 entries went: not a block
+        need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)            # [Hkv, NB]
+        need[:, :m] = sel[:, :, :m].any(0)
+        need[:, min(step.win_blk, first_own):] = True
+        count = need.sum(1)
+        nb = int(count.max())
+    if L < GATHER_SKIPS or blocks_l * ls > k.shape[1] or L - nb * ls < GATHER_SKIPS:
         # the prefix's slots lie in their blocks in order and every query sees them: the block mask
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
