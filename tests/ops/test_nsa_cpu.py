@@ -44,6 +44,8 @@ def _check(seed, P, N, hkv, g, D, cfg, tree=True, use_cmp=True, gated=False):
     vc = compress_mean(v[:, :P], nb, cfg) if use_cmp else None
     want = nsa_naive(q, k, v, P, pos, mask, cfg, gates=gates, k_cmp=kc, v_cmp=vc)
     step = CpuStep(P, pos, mask, cfg)
+    if not tree and step.n_path:   # a chain's path blocks are pooled once for all its queries
+        assert step.w_shared is not None and step.w is None
     out = torch.full((N, hkv * g, D), float("nan"))
     got, idx = nsa_cpu(q, k, v, step, kc, vc, gates=gates, out=out)
     assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
@@ -69,6 +71,22 @@ def test_random_trees_small_blocks(seed):
 @pytest.mark.parametrize("P,N", [(0, 1), (5, 3), (31, 2), (200, 1), (203, 7), (333, 17)])
 def test_default_config(P, N, gated):
     _check(P + N, P, N, 3, 3, 16, NSAConfig(window=64), tree=N > 2, gated=gated)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("P,N", [(0, 9), (13, 1), (29, 3), (61, 40), (64, 16)])
+def test_chains_pool_their_path_blocks_once(P, N, gated):
+    # chains whose tokens complete compression blocks (and some that complete none): the shared
+    # pooling gives the reference's outputs, the cache's compressed prefix given or not
+    for use_cmp in (True, False):
+        _check(P * 7 + N, P, N, 2, 3, 8, SMALL, tree=False, use_cmp=use_cmp, gated=gated)
+
+
+def test_a_tree_keeps_per_query_path_blocks():
+    # siblings inside one compression block: a node sees only its own path's slots there
+    pos, mask = tree_from_parents(16, [-1, 0, 0, 1, 2, 3, 4, 5, 6])
+    step = CpuStep(16, pos, mask, SMALL)
+    assert step.n_path and step.w is not None and step.w_shared is None
 
 
 def test_prefill_chunk_and_long_prefix():

@@ -51,9 +51,18 @@ class CpuStep:
             start = torch.arange(nb_pre, nb_all, device=dev)[:, None] * st
             ps = pos_slot[None, s0:]
             memb = (ps >= start) & (ps < start + l)                                        # [NBp, L - s0]
-            self.w = (vis[:, None, s0:] & memb[None]).float() / l                          # [N, NBp, L - s0]
+            seen = vis[:, None, s0:] & memb[None]                                          # [N, NBp, L - s0]
         ci = torch.arange(nb_all, device=dev)
         self.cvalid = (ci[None] * st + l - 1) <= pos[:, None]                             # [N, NB]
+        # When every query that may use a path block (its complete ones) sees all of that block (a
+        # chain: prefill chunks, AR steps), the blocks are the same for all queries: pooled once and
+        # scored with the prefix's (per-query pooling was 11% of a 2K prefill; session 26)
+        self.w = self.w_shared = None
+        if self.n_path:
+            if bool(((seen == memb[None]) | ~self.cvalid[:, nb_pre:, None]).all()):
+                self.w_shared = memb.float() / l                                            # [NBp, L - s0]
+            else:
+                self.w = seen.float() / l                                                   # [N, NBp, L - s0]
         self.all_cmp = bool(self.cvalid.all())
         j = torch.arange(nbs, device=dev)
         # overlap[i, j]: compression block i shares a token with selection block j
@@ -111,8 +120,12 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         if k_cmp is None:
             k_cmp, v_cmp = compress_mean(kf, step.nb_pre, cfg), compress_mean(vf, step.nb_pre, cfg)
         kc_pre, vc_pre = k_cmp[:, : step.nb_pre].float(), v_cmp[:, : step.nb_pre].float()
-        s_cmp = torch.bmm(qh, kc_pre.transpose(1, 2)).view(hkv, n, g, -1)                 # [Hkv, N, G, NBpre]
-        if step.n_path:
+        if step.w_shared is not None:
+            kc_pre = torch.cat([kc_pre, torch.matmul(step.w_shared, kf[:, step.s0:])], 1)   # [Hkv, NB, D]
+            if gated:
+                vc_pre = torch.cat([vc_pre, torch.matmul(step.w_shared, vf[:, step.s0:])], 1)
+        s_cmp = torch.bmm(qh, kc_pre.transpose(1, 2)).view(hkv, n, g, -1)                 # [Hkv, N, G, NB]
+        if step.w is not None:
             kc_path = torch.einsum("nbs,hsd->hnbd", step.w, kf[:, step.s0:])               # [Hkv, N, NBp, D]
             s_cmp = torch.cat([s_cmp, torch.einsum("hngd,hnbd->hngb", qh.view(hkv, n, g, d), kc_path)], -1)
         s_cmp = (s_cmp * scale).masked_fill_(~step.cvalid[None, :, None], NEG_INF)
@@ -135,10 +148,12 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
         o_slc, o_win = _token_branches(qh, kt, vt, scale, (in_sel, win), hkv, n, g)
         o_slc.nan_to_num_(0.0)
-        vc = vc_pre[:, None].expand(-1, n, -1, -1)
-        if step.n_path:
-            vc = torch.cat([vc, torch.einsum("nbs,hsd->hnbd", step.w, vf[:, step.s0:])], 2)
-        o_cmp = torch.einsum("hngb,hnbd->hngd", p_cmp, vc)
+        if step.w is not None:   # per-query path blocks
+            vc = torch.cat([vc_pre[:, None].expand(-1, n, -1, -1),
+                            torch.einsum("nbs,hsd->hnbd", step.w, vf[:, step.s0:])], 2)
+            o_cmp = torch.einsum("hngb,hnbd->hngd", p_cmp, vc)
+        else:
+            o_cmp = torch.bmm(p_cmp.reshape(hkv, n * g, -1), vc_pre).view(hkv, n, g, d)
         gt = gates.float().view(n, hkv, g, 3).permute(3, 1, 0, 2)[..., None]              # [3, Hkv, N, G, 1]
         o = gt[0] * o_cmp + gt[1] * o_slc.view(hkv, n, g, d) + gt[2] * o_win.view(hkv, n, g, d)
     else:
