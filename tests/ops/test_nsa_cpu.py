@@ -111,10 +111,13 @@ def test_supported():
     assert not supported(NSAConfig(gating="union_cmp"), "cpu") and not supported(NSAConfig(), "meta")
 
 
-def test_the_gathered_prefix_reads_only_needed_blocks(prefix_path):
+@pytest.mark.parametrize("block", [1 << 21, 1])   # the step's rows at once; one row a block, each gathering its own
+def test_the_gathered_prefix_reads_only_needed_blocks(prefix_path, monkeypatch, block):
     # a long prefix with a short window: the gathered path must give the reference's outputs with every
     # prefix block no query of a head selects (and no window reaches) poisoned with NaN; the whole-prefix
     # path reads them (0 x NaN in p @ v), which shows the poison reaches any path that reads them
+    import ssv.ops.nsa.cpu as cpu
+    monkeypatch.setattr(cpu, "SCORE_BLOCK", block)
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=8, n_select=3, window=10)
     P, N, hkv, g, D = 160, 5, 2, 2, 16
     q, k, v, _ = make_inputs(11, P, N, hkv, g, D, extra=3)
@@ -128,7 +131,7 @@ def test_the_gathered_prefix_reads_only_needed_blocks(prefix_path):
         for b in want.block_indices[:, h].flatten().tolist():
             if 0 <= b < P // 8:
                 need[h, b] = True
-    need[:, step.win_blk:] = True
+    need[:, max(0, int(pos.min()) - cfg.window + 1) // 8:] = True   # the blocks a window reaches
     assert (~need).sum() > 4            # some blocks are not read at all
     k2, v2 = k.clone(), v.clone()
     for h in range(hkv):

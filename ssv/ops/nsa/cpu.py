@@ -78,7 +78,6 @@ class CpuStep:
         self.new_blk = pos // ls                                                          # [N] the step's slots' blocks
         self.pos = pos
         self.nbp = -(-P // ls)                                                            # blocks holding prefix slots
-        self.win_blk = max(0, int(pos.min()) - cfg.window + 1) // ls                      # the first one a window reaches
         self.scale: Optional[float] = None
         # the gathered keys and values [2, Hkv, blocks * ls * D], made at the step's first gather and
         # reused by every layer: a fresh ~1 MB tensor a layer was mmap'd and page-faulted each time
@@ -143,10 +142,18 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 
     sel = torch.zeros(n, hkv, step.nbs + 1, dtype=torch.bool, device=q.device)
     sel.scatter_(2, idx.masked_fill(idx < 0, step.nbs), True)
-    kt, vt, in_sel, win = _visible_slots(sel, step, k, v, kf, vf)
+    # the token branches in blocks of rows: each block's scores near SCORE_BLOCK, and in a long chunk
+    # each block reads only the blocks its own rows select or reach (`_visible_slots`)
+    q4, outs = qh.view(hkv, n, g, d), []
+    rows = max(1, SCORE_BLOCK // (hkv * g * L))
+    for n0 in range(0, n, rows):
+        r = slice(n0, min(n, n0 + rows))
+        kt, vt, in_sel, win = _visible_slots(sel[r], step, k, v, kf, vf, r)
+        outs.append(_token_branches(q4[:, r], kt, vt, scale, (in_sel, win) if gated else (in_sel | win,)))
+    parts = [o[0] if len(o) == 1 else torch.cat(o, 1) for o in zip(*outs)]               # [Hkv, N, G, D] each
     if gated:
+        o_slc, o_win = parts
         # a reused (group) routing may miss a query's own block: no selected slot, zero output as in the reference
-        o_slc, o_win = _token_branches(qh, kt, vt, scale, (in_sel, win), hkv, n, g)
         o_slc.nan_to_num_(0.0)
         if step.w is not None:   # per-query path blocks
             vc = torch.cat([vc_pre[:, None].expand(-1, n, -1, -1),
@@ -155,9 +162,9 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         else:
             o_cmp = torch.bmm(p_cmp.reshape(hkv, n * g, -1), vc_pre).view(hkv, n, g, d)
         gt = gates.float().view(n, hkv, g, 3).permute(3, 1, 0, 2)[..., None]              # [3, Hkv, N, G, 1]
-        o = gt[0] * o_cmp + gt[1] * o_slc.view(hkv, n, g, d) + gt[2] * o_win.view(hkv, n, g, d)
+        o = gt[0] * o_cmp + gt[1] * o_slc + gt[2] * o_win
     else:
-        (o,) = _token_branches(qh, kt, vt, scale, (in_sel | win,), hkv, n, g)
+        (o,) = parts
     o = o.view(hkv, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
     if out is None:
         return o.contiguous(), idx
@@ -174,29 +181,32 @@ GATHER_SKIPS = 4096
 
 
 def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.Tensor, kf: torch.Tensor,
-                   vf: torch.Tensor) -> tuple:
-    """The keys and values the token branches score, and per query which of them its selection and its
-    window keep: (k, v [Hkv, S, D] fp32, in_sel, win [N, Hkv or 1, S]). k, v: the cache's layer (whole
-    blocks are copied from it); kf, vf: its first L slots in fp32. When the blocks some query of a
-    head selects, with those its window reaches and those holding the step's own slots, are few (long
-    contexts: 16 selected blocks and a 512-token window of an 8K prefix's 128), only they are copied,
-    per KV head, whole blocks at a time; otherwise every slot is scored and masked."""
+                   vf: torch.Tensor, rows: slice = slice(None)) -> tuple:
+    """The keys and values the token branches of the step's rows `rows` score, and per row which of
+    them its selection and its window keep: (k, v [Hkv, S, D] fp32, in_sel, win [R, Hkv or 1, S]).
+    sel [R, Hkv, NBs + 1]: those rows' selected blocks. k, v: the cache's layer (whole blocks are
+    copied from it); kf, vf: its first L slots in fp32. When the blocks some row of a head selects,
+    with those its window reaches and those holding the step's own slots, are few (long contexts: 16
+    selected blocks and a 512-token window of an 8K prefix's 128), only they are copied, per KV head,
+    whole blocks at a time; otherwise every slot is scored and masked."""
     P, L, ls, n, hkv = step.P, step.L, step.cfg.slc_block, step.n, k.shape[0]
-    own = sel[:, :, step.new_blk] & step.vis[:, None, P:]                                # [N, Hkv, N]
+    own = sel[:, :, step.new_blk] & step.vis[rows, None, P:]                             # [R, Hkv, N]
     first_own, blocks_l = P // ls, -(-L // ls)
+    pos = step.pos[rows]
     if L >= GATHER_SKIPS and blocks_l * ls <= k.shape[1]:   # (shorter: no gather can skip enough)
         m = min(step.nbs, blocks_l)         # sel's last column is where -1 entries went: not a block
         need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)            # [Hkv, NB]
         need[:, :m] = sel[:, :, :m].any(0)
-        need[:, min(step.win_blk, first_own):] = True
+        win_blk = max(0, int(pos.min()) - step.cfg.window + 1) // ls                     # the first a window reaches
+        need[:, min(win_blk, first_own):] = True
         count = need.sum(1)
         nb = int(count.max())
     if L < GATHER_SKIPS or blocks_l * ls > k.shape[1] or L - nb * ls < GATHER_SKIPS:
         # the prefix's slots lie in their blocks in order and every query sees them: the block mask
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
-        return kf, vf, torch.cat([pre, own], 2), step.win[:, None]
-    dev, d = k.device, k.shape[2]
+        return kf, vf, torch.cat([pre, own], 2), step.win[rows, None]
+    dev, d, R = k.device, k.shape[2], sel.shape[0]
     # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
     blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
     buf = step.gather_buf
@@ -208,11 +218,11 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     pre = slots < P
     mine = (slots - P).clamp_(0, n - 1)                                                  # an own slot's index
     # (a block past the positions' holds own slots only: its column is never taken)
-    by_blk = torch.gather(sel, 2, blocks.clamp(max=step.nbs)[None].expand(n, -1, -1)).repeat_interleave(ls, 2)
-    by_own = torch.gather(own, 2, mine[None].expand(n, -1, -1))
-    in_sel = torch.where(pre, by_blk, by_own) & real                                     # [N, Hkv, S]
-    win_own = step.win[:, P:][:, mine]                                                   # [N, Hkv, S]
-    win = torch.where(pre, slots[None] > (step.pos - step.cfg.window)[:, None, None], win_own) & real
+    by_blk = torch.gather(sel, 2, blocks.clamp(max=step.nbs)[None].expand(R, -1, -1)).repeat_interleave(ls, 2)
+    by_own = torch.gather(own, 2, mine[None].expand(R, -1, -1))
+    in_sel = torch.where(pre, by_blk, by_own) & real                                     # [R, Hkv, S]
+    win_own = step.win[rows, P:][:, mine]                                                # [R, Hkv, S]
+    win = torch.where(pre, slots[None] > (pos - step.cfg.window)[:, None, None], win_own) & real
     vt.masked_fill_(~real[..., None], 0.0)   # slots past the step's and padding: weight 0, and 0 x NaN is NaN
     return kt, vt, in_sel, win
 
@@ -238,20 +248,17 @@ def _gather_blocks(x: torch.Tensor, blocks: torch.Tensor, blocks_l: int, ls: int
 SCORE_BLOCK = 1 << 21
 
 
-def _token_branches(qh, kf, vf, scale: float, keeps: tuple, hkv: int, n: int, g: int) -> list:
-    """Per mask in `keeps` ([N, Hkv or 1, L] bool: the slots each query attends to), the softmax of the
-    token scores over the kept slots times v: [Hkv, N*G, D] each, in blocks of rows (a query with no
-    kept slot gets NaN, which the gated branch zeroes)."""
-    L, d = kf.shape[1], qh.shape[-1]
-    rows = max(1, SCORE_BLOCK // (hkv * g * L))
-    q4, kt = qh.view(hkv, n, g, d), kf.transpose(1, 2)
-    outs = [[] for _ in keeps]
-    for n0 in range(0, n, rows):
-        nb = min(rows, n - n0)
-        s = torch.bmm(q4[:, n0:n0 + nb].reshape(hkv, nb * g, d), kt).view(hkv, nb, g, L).mul_(scale)
-        for i, keep in enumerate(keeps):
-            drop = ~keep[n0:n0 + nb].transpose(0, 1)[:, :, None]                           # [Hkv, nb, 1, L]
-            # the last mask may overwrite the scores in place: nothing reads them after it
-            sm = s.masked_fill_(drop, NEG_INF) if i == len(keeps) - 1 else s.masked_fill(drop, NEG_INF)
-            outs[i].append(torch.bmm(torch.softmax(sm, -1).view(hkv, nb * g, L), vf))
-    return [o[0] if len(o) == 1 else torch.cat(o, 1) for o in outs]
+def _token_branches(q4: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, scale: float, keeps: tuple) -> list:
+    """q4 [Hkv, R, G, D] (R rows); per mask in `keeps` ([R, Hkv or 1, S] bool: the slots of kt, vt [Hkv, S, D]
+    each row attends to), the softmax of the token scores over the kept slots times v: [Hkv, R, G, D]
+    each (a row with no kept slot gets NaN, which the gated branch zeroes)."""
+    hkv, r, g, d = q4.shape
+    S = kt.shape[1]
+    s = torch.bmm(q4.reshape(hkv, r * g, d), kt.transpose(1, 2)).view(hkv, r, g, S).mul_(scale)
+    outs = []
+    for i, keep in enumerate(keeps):
+        drop = ~keep.transpose(0, 1)[:, :, None]                                          # [Hkv, R, 1, S]
+        # the last mask may overwrite the scores in place: nothing reads them after it
+        sm = s.masked_fill_(drop, NEG_INF) if i == len(keeps) - 1 else s.masked_fill(drop, NEG_INF)
+        outs.append(torch.bmm(torch.softmax(sm, -1).view(hkv, r * g, S), vt).view(hkv, r, g, d))
+    return outs
