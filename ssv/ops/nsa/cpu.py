@@ -18,6 +18,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.nn import functional as F
 
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import compress_mean, num_cmp_blocks
@@ -176,7 +177,9 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
 # about what scoring every slot does. The default model's steps read 16-21 blocks of 64 at one row and
 # 18-36 at four. Gathered, the 2K AR step (16 of 33 blocks) ran slower, the 4K one (16-20 of 65) 14%
 # slower and 4-6-row passes even, the 8K ones (13-29% of 126 blocks) 1.35-1.51x faster
-# (bench/results/cpu-packed/attention-steps-*.json; bench/NOTES.md, session 25).
+# (bench/results/cpu-packed/attention-steps-*.json; bench/NOTES.md, session 25). A long prefill chunk
+# applies it per block of rows; scaled by the block's rows (a block of 30 rows gathering at 2K) it made
+# 2K decode passes of 6 rows 1.2x slower and prefill no faster (session 26).
 GATHER_SKIPS = 4096
 
 
@@ -192,7 +195,7 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     P, L, ls, n, hkv = step.P, step.L, step.cfg.slc_block, step.n, k.shape[0]
     own = sel[:, :, step.new_blk] & step.vis[rows, None, P:]                             # [R, Hkv, N]
     first_own, blocks_l = P // ls, -(-L // ls)
-    pos = step.pos[rows]
+    pos, R = step.pos[rows], sel.shape[0]
     if L >= GATHER_SKIPS and blocks_l * ls <= k.shape[1]:   # (shorter: no gather can skip enough)
         m = min(step.nbs, blocks_l)         # sel's last column is where -1 entries went: not a block
         need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)            # [Hkv, NB]
@@ -206,7 +209,7 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
         return kf, vf, torch.cat([pre, own], 2), step.win[rows, None]
-    dev, d, R = k.device, k.shape[2], sel.shape[0]
+    dev, d = k.device, k.shape[2]
     # each head's needed blocks first, in ascending order (a stable sort of "not needed"), then padding
     blocks = torch.sort((~need).to(torch.uint8), dim=1, stable=True).indices[:, :nb]      # [Hkv, nb]
     buf = step.gather_buf
@@ -223,7 +226,11 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     in_sel = torch.where(pre, by_blk, by_own) & real                                     # [R, Hkv, S]
     win_own = step.win[rows, P:][:, mine]                                                # [R, Hkv, S]
     win = torch.where(pre, slots[None] > (pos - step.cfg.window)[:, None, None], win_own) & real
-    vt.masked_fill_(~real[..., None], 0.0)   # slots past the step's and padding: weight 0, and 0 x NaN is NaN
+    # slots past the step's and padding: masked, but a masked score is q.k plus -inf (NaN for a NaN key)
+    # and its weight 0 multiplies v (0 x NaN is NaN): both zeroed
+    pad = ~real[..., None]
+    kt.masked_fill_(pad, 0.0)
+    vt.masked_fill_(pad, 0.0)
     return kt, vt, in_sel, win
 
 
@@ -251,14 +258,15 @@ SCORE_BLOCK = 1 << 21
 def _token_branches(q4: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, scale: float, keeps: tuple) -> list:
     """q4 [Hkv, R, G, D] (R rows); per mask in `keeps` ([R, Hkv or 1, S] bool: the slots of kt, vt [Hkv, S, D]
     each row attends to), the softmax of the token scores over the kept slots times v: [Hkv, R, G, D]
-    each (a row with no kept slot gets NaN, which the gated branch zeroes)."""
+    each (a row with no kept slot gets 0 or NaN, which the gated branch zeroes). One fused
+    scaled_dot_product_attention per mask (torch's CPU flash kernel; the scores are never stored):
+    2.2x the bmm / mask / softmax / bmm sequence on a prefill block of 30 rows over 2.2K slots, 1.2x
+    on 4 rows (bench/NOTES.md, session 26)."""
     hkv, r, g, d = q4.shape
     S = kt.shape[1]
-    s = torch.bmm(q4.reshape(hkv, r * g, d), kt.transpose(1, 2)).view(hkv, r, g, S).mul_(scale)
+    qs, k4, v4 = q4.reshape(hkv, 1, r * g, d), kt[:, None], vt[:, None]
     outs = []
-    for i, keep in enumerate(keeps):
-        drop = ~keep.transpose(0, 1)[:, :, None]                                          # [Hkv, R, 1, S]
-        # the last mask may overwrite the scores in place: nothing reads them after it
-        sm = s.masked_fill_(drop, NEG_INF) if i == len(keeps) - 1 else s.masked_fill(drop, NEG_INF)
-        outs.append(torch.bmm(torch.softmax(sm, -1).view(hkv, r * g, S), vt).view(hkv, r, g, d))
+    for keep in keeps:
+        m = keep.transpose(0, 1)[:, :, None].expand(hkv, r, g, S).reshape(hkv, 1, r * g, S)
+        outs.append(F.scaled_dot_product_attention(qs, k4, v4, attn_mask=m, scale=scale).view(hkv, r, g, d))
     return outs
