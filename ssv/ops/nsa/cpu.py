@@ -5,11 +5,12 @@ candidates) in every layer and runs two full-length softmaxes per branch pair: o
 2K that was ~50 of an AR step's ~80 ms, nearly all of it op overhead, not arithmetic. Here
 `CpuStep` computes what depends only on the step (positions, tree mask, prefix length) once, and
 `nsa_cpu` runs per layer: compressed scores as one batched matmul (prefix blocks from the cache's
-incrementally kept k_cmp, path blocks from the step's weights), routing, then one masked softmax
-over all visible slots (the "union" gating's selected blocks and window are disjoint parts of one
-softmax, so merging two log-sum-exps is the same as attending once over their union). At long
-contexts the softmax reads only the blocks some query of the step selects or reaches by its window,
-copied per KV head (`_visible_slots`); at short ones it scores every slot and masks.
+incrementally kept k_cmp, path blocks from the step's weights, pooled once for a chain), routing,
+then one masked attention over all visible slots, torch's fused scaled_dot_product_attention (the
+"union" gating's selected blocks and window are disjoint parts of one softmax, so merging two
+log-sum-exps is the same as attending once over their union). At long contexts it reads only the
+blocks some query of a block of rows selects or reaches by its window, copied per KV head
+(`_visible_slots`); at short ones it scores every slot and masks.
 Gatings "union" and "gated"; "union_cmp" stays on the reference (`supported`).
 """
 from __future__ import annotations
@@ -266,8 +267,8 @@ def _token_branches(q4: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, scale:
     each row attends to), the softmax of the token scores over the kept slots times v: [Hkv, R, G, D]
     each (a row with no kept slot gets 0 or NaN, which the gated branch zeroes). One fused
     scaled_dot_product_attention per mask (torch's CPU flash kernel; the scores are never stored):
-    2.2x the bmm / mask / softmax / bmm sequence on a prefill block of 30 rows over 2.2K slots, 1.2x
-    on 4 rows (bench/NOTES.md, session 26)."""
+    1.9x the bmm / mask / softmax / bmm sequence on a prefill block of 30 rows over 2.2K slots in an
+    unrecorded microbenchmark, even with it in decode steps (bench/NOTES.md, session 26)."""
     hkv, r, g, d = q4.shape
     S = kt.shape[1]
     qs, k4, v4 = q4.reshape(hkv, 1, r * g, d), kt[:, None], vt[:, None]
