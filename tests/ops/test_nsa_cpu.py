@@ -82,6 +82,23 @@ def test_chains_pool_their_path_blocks_once(P, N, gated):
         _check(P * 7 + N, P, N, 2, 3, 8, SMALL, tree=False, use_cmp=use_cmp, gated=gated)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_step_with_every_candidate_selected_skips_routing(monkeypatch, gated):
+    # SMALL selects 4 blocks of 8: up to position 31 every candidate block is taken, and "union"
+    # attends to every visible slot without routing (the reference's outputs and block indices, as
+    # `_check` asserts); one block more and routing runs; "gated" always needs the compressed branch
+    import ssv.ops.nsa.cpu as cpu
+    calls = []
+    real = cpu.select_blocks_cpu
+    monkeypatch.setattr(cpu, "select_blocks_cpu", lambda *a: calls.append(1) or real(*a))
+    for P, N, routed in ((20, 12, gated), (3, 5, gated), (21, 12, True), (40, 3, True)):
+        calls.clear()
+        for tree in (False, True):
+            _check(P + N, P, N, 2, 3, 8, SMALL, tree=tree, gated=gated)
+        assert CpuStep(P, *chain(P, N), SMALL).all_selected == (P + N <= 32)
+        assert bool(calls) == routed
+
+
 def test_a_tree_keeps_per_query_path_blocks():
     # siblings inside one compression block: a node sees only its own path's slots there
     pos, mask = tree_from_parents(16, [-1, 0, 0, 1, 2, 3, 4, 5, 6])

@@ -78,6 +78,12 @@ class CpuStep:
         self.vis = vis
         self.win = vis & (pos_slot[None] > pos[:, None] - cfg.window)                     # [N, L]
         self.new_blk = pos // ls                                                          # [N] the step's slots' blocks
+        # No more candidate blocks than n_select: routing takes every candidate (a candidate's importance
+        # is finite), so "union"'s selected blocks with the window are every visible slot. Such a step
+        # (contexts up to n_select * slc_block, 1K by default) attends densely, without routing.
+        self.all_selected = nbs <= cfg.n_select
+        b = torch.arange(cfg.n_select, device=dev)
+        self.all_idx = torch.where(b[None] <= self.new_blk[:, None], b[None], -1)        # [N, n] its selection
         self.pos = pos
         self.nbp = -(-P // ls)                                                            # blocks holding prefix slots
         self.scale: Optional[float] = None
@@ -115,6 +121,9 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
     scale = d ** -0.5 if scale is None else scale
     kf, vf = k[:, :L].float(), v[:, :L].float()
     qh = q.float().view(n, hkv, g, d).transpose(0, 1).reshape(hkv, n * g, d)          # [Hkv, N*G, D]
+    if block_indices is None and not gated and step.all_selected:
+        (o,) = _token_branches(qh.view(hkv, n, g, d), kf, vf, scale, (step.vis[:, None],))
+        return _out(o, out, n, hq, d), step.all_idx[:, None].expand(n, hkv, -1)
 
     need_cmp = block_indices is None or gated
     if need_cmp:
@@ -167,11 +176,16 @@ def nsa_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: CpuStep, k_
         o = gt[0] * o_cmp + gt[1] * o_slc + gt[2] * o_win
     else:
         (o,) = parts
-    o = o.view(hkv, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
+    return _out(o, out, n, hq, d), idx
+
+
+def _out(o: torch.Tensor, out: Optional[torch.Tensor], n: int, hq: int, d: int) -> torch.Tensor:
+    """o [Hkv, N, G, D] as [N, Hq, D], written into `out` if given."""
+    o = o.permute(1, 0, 2, 3).reshape(n, hq, d)
     if out is None:
-        return o.contiguous(), idx
+        return o.contiguous()
     out.copy_(o)
-    return out, idx
+    return out
 
 
 # Gather the blocks a step reads when that skips at least this many slots; below it, copying them costs
