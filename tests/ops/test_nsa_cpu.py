@@ -111,13 +111,16 @@ def test_prefill_chunk_and_long_prefix():
     _check(8, 1100, 4, 3, 3, 64, NSAConfig(), tree=True)
 
 
+@pytest.mark.parametrize("heads_rows", [1, 10 ** 9])   # the GQA group as the call's heads: always, never
 @pytest.mark.parametrize("block", [1, 4152, 1 << 21])   # rows a block: 1; 4 and 6 (N = 23, 11); all
 @pytest.mark.parametrize("gated", [False, True])
-def test_token_branches_in_row_blocks(monkeypatch, block, gated):
+def test_token_branches_in_row_blocks(monkeypatch, block, gated, heads_rows):
     """Long chunks attend in blocks of rows (SCORE_BLOCK scores each): one row a block, blocks of a few
-    rows that do not divide N, and one block give the reference's outputs, and the same as unblocked."""
+    rows that do not divide N, and one block give the reference's outputs, and the same as unblocked,
+    in either layout of the attention call."""
     import ssv.ops.nsa.cpu as cpu
     monkeypatch.setattr(cpu, "SCORE_BLOCK", block)
+    monkeypatch.setattr(cpu, "GROUP_HEADS_ROWS", heads_rows)
     for seed, P, N, tree in ((3, 150, 23, False), (4, 90, 11, True)):
         _check(seed, P, N, 2, 3, 16, NSAConfig(window=40, gating="gated" if gated else "union"), tree=tree,
                gated=gated)

@@ -285,9 +285,23 @@ def _token_branches(q4: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, scale:
     unrecorded microbenchmark, even with it in decode steps (bench/NOTES.md, session 26)."""
     hkv, r, g, d = q4.shape
     S = kt.shape[1]
-    qs, k4, v4 = q4.reshape(hkv, 1, r * g, d), kt[:, None], vt[:, None]
     outs = []
+    if r >= GROUP_HEADS_ROWS:
+        # the GQA group as the call's heads: k, v expanded over them and the mask broadcast, not copied G times
+        qg, k4, v4 = q4.transpose(1, 2), kt[:, None].expand(hkv, g, S, d), vt[:, None].expand(hkv, g, S, d)
+        for keep in keeps:
+            m = keep.transpose(0, 1)[:, None]                                             # [Hkv, 1, R, S]
+            outs.append(F.scaled_dot_product_attention(qg, k4, v4, attn_mask=m, scale=scale).transpose(1, 2))
+        return outs
+    qs, k4, v4 = q4.reshape(hkv, 1, r * g, d), kt[:, None], vt[:, None]
     for keep in keeps:
         m = keep.transpose(0, 1)[:, :, None].expand(hkv, r, g, S).reshape(hkv, 1, r * g, S)
         outs.append(F.scaled_dot_product_attention(qs, k4, v4, attn_mask=m, scale=scale).view(hkv, r, g, d))
     return outs
+
+
+# Rows from which a block of rows attends with the GQA group as the call's heads. There: 1.50 against
+# 1.69 ms (30 rows x 2.2K slots), 5.7 against 7.1 (113 x 2.3K); at 4 rows 0.31 against 0.27 ms
+# (microbenchmark, unrecorded). A 2K prefill 4.02 against 4.37 s, 8K 34.3 against 36.0 (medians of two
+# alternating runs, bench/results/cpu-s26/prefill-ab-group-heads.json).
+GROUP_HEADS_ROWS = 8
