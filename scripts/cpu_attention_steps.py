@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 
 import torch
 
 import ssv.ops.nsa.cpu as nsa_cpu
-from ssv.attention import StepMeta
-from ssv.bench.cpu import attention_timer
+from ssv.bench.cpu import attention_timer, time_steps
 from ssv.bench.kernels import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
@@ -32,23 +30,16 @@ def main(out: str, rounds: int = 5, contexts=(2048, 4096, 8000)) -> None:
         for P in contexts:
             r = Runner(model, attention="nsa", max_len=max(contexts) + 64)
             r.prefill(ids[:P])
-            t = {(f, m): ([], []) for f in forms for m in (1, 4, 6)}
+            t = {(f, m): [] for f in forms for m in (1, 4, 6)}
             for _ in range(rounds):
                 for f, gb in forms.items():
                     nsa_cpu.GATHER_SKIPS = gb
                     for m in (1, 4, 6):
-                        toks = torch.randint(0, 1000, (m,), generator=torch.Generator().manual_seed(m))
-                        r.forward(toks, StepMeta.chain(r.length, m))          # not committed: the same step
-                        for _ in range(3):
-                            attn[0] = 0.0
-                            t0 = time.perf_counter()
-                            r.forward(toks, StepMeta.chain(r.length, m))
-                            t[f, m][0].append(time.perf_counter() - t0)
-                            t[f, m][1].append(attn[0])
+                        t[f, m] += time_steps(r, m, attn)
             nsa_cpu.GATHER_SKIPS = default
-            for (f, m), (step, at) in t.items():
-                row = dict(context=P, form=f, rows=m, step_ms=statistics.median(step) * 1e3,
-                           attention_ms=statistics.median(at) * 1e3)
+            for (f, m), v in t.items():
+                row = dict(context=P, form=f, rows=m, step_ms=statistics.median(x[0] for x in v) * 1e3,
+                           attention_ms=statistics.median(x[1] for x in v) * 1e3)
                 rows.append(row)
                 print(f"{P:6d} {f:16s} rows {m}: step {row['step_ms']:6.1f} ms, attention {row['attention_ms']:5.1f} ms",
                       flush=True)

@@ -10,14 +10,12 @@ import importlib.util
 import json
 import statistics
 import sys
-import time
 
 import torch
 
 import ssv.attention as attention
 import ssv.ops.nsa.cpu as current
-from ssv.attention import StepMeta
-from ssv.bench.cpu import attention_timer
+from ssv.bench.cpu import attention_timer, time_steps
 from ssv.bench.kernels import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
@@ -42,13 +40,7 @@ def main(out: str, old_path: str, repeats: int = 6, contexts=(2048, 8000)) -> No
                     for name, mod in (("old", old), ("current", current)):
                         attention.CpuStep, attention.nsa_cpu = mod.CpuStep, mod.nsa_cpu
                         for m in (1, 4):
-                            toks = torch.randint(0, 1000, (m,), generator=torch.Generator().manual_seed(m))
-                            r.forward(toks, StepMeta.chain(r.length, m))      # not committed: the same step
-                            for _ in range(3):
-                                at[0] = 0.0
-                                t = time.perf_counter()
-                                r.forward(toks, StepMeta.chain(r.length, m))
-                                res.setdefault((name, m), []).append((time.perf_counter() - t, at[0]))
+                            res.setdefault((name, m), []).extend(time_steps(r, m, at))
             for (name, m), v in sorted(res.items()):
                 row = dict(context=P, module=name, rows=m, step_ms=statistics.median(x[0] for x in v) * 1e3,
                            attention_ms=statistics.median(x[1] for x in v) * 1e3)

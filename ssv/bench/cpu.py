@@ -1,5 +1,5 @@
-"""Timing helpers for the CPU scripts (scripts/cpu_*.py): a warmed median, and the attention plan's
-share of a forward."""
+"""Timing helpers for the CPU scripts (scripts/cpu_*.py): a warmed median, the attention plan's
+share of a forward, and uncommitted steps timed with it."""
 from __future__ import annotations
 
 import contextlib
@@ -36,3 +36,22 @@ def attention_timer():
         yield spent
     finally:
         NSAPlan.run = run0
+
+
+def time_steps(runner, rows: int, spent: list, reps: int = 3) -> list:
+    """`reps` timings (step seconds, attention seconds) of one uncommitted forward of `rows` chain tokens
+    after the runner's committed prefix (the same step each time, after one untimed call); `spent` is
+    `attention_timer`'s list."""
+    import torch
+
+    from ssv.attention import StepMeta
+    vocab = min(1000, runner.model.cfg.vocab_size)
+    toks = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(rows))
+    runner.forward(toks, StepMeta.chain(runner.length, rows))
+    out = []
+    for _ in range(reps):
+        spent[0] = 0.0
+        t = time.perf_counter()
+        runner.forward(toks, StepMeta.chain(runner.length, rows))
+        out.append((time.perf_counter() - t, spent[0]))
+    return out

@@ -82,11 +82,11 @@ class CpuStep:
         # is finite), so "union"'s selected blocks with the window are every visible slot. Such a step
         # (contexts up to n_select * slc_block, 1K by default) attends densely, without routing.
         self.all_selected = nbs <= cfg.n_select
-        b = torch.arange(cfg.n_select, device=dev)
-        self.all_idx = torch.where(b[None] <= self.new_blk[:, None], b[None], -1)        # [N, n] its selection
+        if self.all_selected:
+            b = torch.arange(cfg.n_select, device=dev)
+            self.all_idx = torch.where(b[None] <= self.new_blk[:, None], b[None], -1)    # [N, n] its selection
         self.pos = pos
         self.nbp = -(-P // ls)                                                            # blocks holding prefix slots
-        self.scale: Optional[float] = None
         # the gathered keys and values [2, Hkv, blocks * ls * D], made at the step's first gather and
         # reused by every layer: a fresh ~1 MB tensor a layer was mmap'd and page-faulted each time
         # (an unrecorded profile at 8K: the copies took about 3x as long; bench/NOTES.md, session 25)
@@ -211,7 +211,8 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
     own = sel[:, :, step.new_blk] & step.vis[rows, None, P:]                             # [R, Hkv, N]
     first_own, blocks_l = P // ls, -(-L // ls)
     pos, R = step.pos[rows], sel.shape[0]
-    if L >= GATHER_SKIPS and blocks_l * ls <= k.shape[1]:   # (shorter: no gather can skip enough)
+    gather = L >= GATHER_SKIPS and blocks_l * ls <= k.shape[1]   # (shorter: no gather can skip enough)
+    if gather:
         m = min(step.nbs, blocks_l)         # sel's last column is where -1 entries went: not a block
         need = torch.zeros(hkv, blocks_l, dtype=torch.bool, device=k.device)            # [Hkv, NB]
         need[:, :m] = sel[:, :, :m].any(0)
@@ -219,7 +220,8 @@ def _visible_slots(sel: torch.Tensor, step: CpuStep, k: torch.Tensor, v: torch.T
         need[:, min(win_blk, first_own):] = True
         count = need.sum(1)
         nb = int(count.max())
-    if L < GATHER_SKIPS or blocks_l * ls > k.shape[1] or L - nb * ls < GATHER_SKIPS:
+        gather = L - nb * ls >= GATHER_SKIPS
+    if not gather:
         # the prefix's slots lie in their blocks in order and every query sees them: the block mask
         # widened by repeat (a gather over every slot cost a 4K prefill chunk ~5 ms a layer)
         pre = sel[:, :, : step.nbp].repeat_interleave(ls, dim=2)[:, :, :P]
