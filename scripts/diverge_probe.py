@@ -57,13 +57,21 @@ def main():
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--qkv-ar-tiles", action="store_true",
+                    help="q|k|v at the verify pass's rows in the AR step's 16-row tiles (probe_invariance.py)")
     a = ap.parse_args()
+    if a.qkv_ar_tiles:
+        import ssv.ops.linear.policy as policy
+        from probe_invariance import invariant_table
+        policy.TILES = invariant_table(48)
     text = json.load(open(a.prompts))[a.family][0]
     env = dict(device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu", torch=torch.__version__,
                triton=triton.__version__,
-               date=datetime.date.today().isoformat(), commit=os.environ.get("SSV_COMMIT", "?"))
+               date=datetime.date.today().isoformat(), commit=os.environ.get("SSV_COMMIT", "?"),
+               qkv_ar_tiles=a.qkv_ar_tiles)
     res = []
-    for dtype in ("bfloat16", "float32"):
+    for dtype in a.dtypes.split(","):
         res.append(run(dtype, a, text))
         r = res[-1]
         m = r.get("ar_step_margins", [])
@@ -74,7 +82,7 @@ def main():
                   f"{m[d] if d is not None and d < len(m) else '-'}", flush=True)
         json.dump(dict(env=env, family=a.family, context=a.context, runs=res), open(a.out, "w"))
     # the fp32 margins at bf16's divergence point: how close a tie it was in exact arithmetic
-    if res[0]["ar"][:8] == res[1]["ar"][:8]:
+    if len(res) == 2 and res[0]["ar"][:8] == res[1]["ar"][:8]:
         for mode in ("sd-naive", "ssv strict"):
             d = res[0][mode]["first_diff"]
             if d is not None and d < len(res[1].get("ar_step_margins", [])):

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The `ssv bench e2e` session through the device tool (one H200), in three chained calls: the 98 MB
-# GGUF travels in three parts (scripts/train_draft_gpu.sh stage makes them and the wheels), so each
+# The `ssv bench e2e` session through the device tool (one H200), in four chained calls: the 98 MB
+# GGUF travels in four parts (scripts/train_draft_gpu.sh stage makes them and the wheels), so each
 # call does work that needs no checkpoint while the parts arrive.
 #   here, once:   scripts/train_draft_gpu.sh stage && python3 scripts/make_e2e_prompts.py
 #   call 1:  bash scripts/gpu_e2e.sh 1   carry [".stage/draft/gguf.part0", ".whl"]
 #            the CUDA tests of the device round (graph replay vs eager, kernels), then the step table
 #   call 2 (AT ONCE):  bash scripts/gpu_e2e.sh 2   carry [".stage/draft/gguf.part1", ".whl"]
 #            more of the step table if call 1 ran out of time, else the kernel tests
-#   call 3 (AT ONCE):  bash scripts/gpu_e2e.sh 3   carry [".stage/draft/gguf.part2", ".stage/draft/gguf.sha256",
+#   call 2b (AT ONCE): bash scripts/gpu_e2e.sh 2   carry [".stage/draft/gguf.part2", ".whl"] (SKIP2=1: nothing else)
+#   call 3 (AT ONCE):  bash scripts/gpu_e2e.sh 3   carry [".stage/draft/gguf.part3", ".stage/draft/gguf.sha256",
 #            ".stage/e2e-prompts.json", ".whl"]: the default model's e2e table
 #   or call 3 as `planner` (carry .stage/planner-prompts.json instead): `ssv bench planner`
 # SSV_COMMIT names the commit (no git there). Results: $OUT/e2e-cuda.json, e2e-cuda.png, logs.

@@ -5,13 +5,13 @@
 #   first, once: a smoke test of the default launch on GPU 0 (a broken default stops the call in
 #          seconds, not after the matrix's minutes)
 #   GPU 0: the kernel tests (once), the launch-variant probe (once, PROBE_VARIANTS), the real-routing
-#          traces (once all three GGUF parts have arrived), strict/sd-naive against ar on the default
+#          traces (once all four GGUF parts have arrived), strict/sd-naive against ar on the default
 #          model with the shipped head (`ssv bench spec`, once, after the traces), then matrix cases
 #   GPU 1: cases of the matrix from the start (timings are CUDA-graph replays, and no launch is
 #          autotuned by default, so compiles beside them cost only compile time)
 # The two processes share the matrix (`ssv bench kernels --claims`), each writing its own kernels.json;
 # `ssv bench kernels --merge` joins them here afterwards.
-# Carry .whl and one GGUF part per call (.stage/draft/gguf.part0, then part1, then part2 with
+# Carry .whl and one GGUF part per call (.stage/draft/gguf.part0, then part1, part2, then part3 with
 # gguf.sha256; parts made by `scripts/train_draft_gpu.sh stage`). Set SSV_COMMIT (no git there).
 # MATRIX (default axes), SHAPES (default all) pass through to the benchmark.
 set -uo pipefail
@@ -54,7 +54,7 @@ gpu0() {
         cat "$S/probe.txt"
     fi
     if [ ! -f "$S/traces.done" ] && [ -f /tmp/stage/gguf.part0 ] && [ -f /tmp/stage/gguf.part1 ] \
-        && [ -f /tmp/stage/gguf.part2 ]; then
+        && [ -f /tmp/stage/gguf.part2 ] && [ -f /tmp/stage/gguf.part3 ]; then
         mkdir -p "$S/traces"
         OUT="$S/traces" timeout "$(left)" bash scripts/gpu_traces.sh > "$S/traces.log" 2>&1 && touch "$S/traces.done"
         tail -40 "$S/traces.log"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the lent GPU: record real routing (the default model verifying draft trees at ~6K context) and
 # time the verify kernels on it (`ssv bench kernels --traces`, the kernels-traces.json rows).
-# Three back-to-back calls (the GGUF and the ~21 MB working tree exceed one call's 64 MiB carry; parts
+# Four back-to-back calls (the GGUF and the ~34 MB working tree exceed one call's 64 MiB carry; parts
 # made by `scripts/train_draft_gpu.sh stage`):
 #   bash scripts/train_draft_gpu.sh receive 0   (carry .stage/draft/gguf.part0)
 #   bash scripts/train_draft_gpu.sh receive 1   (carry .stage/draft/gguf.part1)
-#   bash scripts/gpu_traces.sh                  (carry .stage/draft/gguf.part2, .stage/draft/gguf.sha256, .whl)
+#   bash scripts/train_draft_gpu.sh receive 2   (carry .stage/draft/gguf.part2)
+#   bash scripts/gpu_traces.sh                  (carry .stage/draft/gguf.part3, .stage/draft/gguf.sha256, .whl)
 set -euo pipefail
 export PYTHONUNBUFFERED=1 SSV_CACHE=/tmp/ssvcache
 bash scripts/train_draft_gpu.sh assemble

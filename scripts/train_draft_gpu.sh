@@ -6,18 +6,18 @@
 #
 # Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~32 MB
 # working tree, <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm --
-# 30 s after a call), the 98 MB GGUF travels in three parts over back-to-back calls. The tree and
-# the last part leave ~2 MB for anything else the last call carries (the wheels take 1.1 MB; a
-# benchmark can install them in the first call into /tmp instead, as the parts are kept):
+# 30 s after a call), the 98 MB GGUF travels in four parts (GGUF_PARTS) over back-to-back calls. The
+# tree (~34 MB) and one part (~25 MB) leave ~7 MB for anything else a call carries (the wheels 1.1 MB):
 #   1. here, once:  scripts/train_draft_gpu.sh stage
-#        splits the default GGUF into .stage/draft/gguf.part{0,1,2} and downloads the wheels the
+#        splits the default GGUF into .stage/draft/gguf.part{0..3} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
 #   2. run "bash scripts/train_draft_gpu.sh receive 0" carry [".stage/draft/gguf.part0"]
 #      (the general head: also ".stage/corpus/corpus.part0.jsonl.xz", made here by
 #      `python -m ssv.draft.corpus`; part 1 likewise; then `train-general` instead of `train`)
 #      (any command may follow it in the same call, e.g. the kernel tests)
-#   3. AT ONCE: run "bash scripts/train_draft_gpu.sh receive 1" carry [".stage/draft/gguf.part1"]
-#   4. AT ONCE: run "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part2",
+#   3. AT ONCE: run "bash scripts/train_draft_gpu.sh receive 1" carry [".stage/draft/gguf.part1"],
+#      then likewise "receive 2" with part 2
+#   4. AT ONCE: run "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part3",
 #      ".stage/draft/gguf.sha256", ".whl"], timeout_s 600
 #      exit 75 = stopped by the time budget: send the same call again (same machine, warm) until
 #      it exits 0; it resumes from runs/draft (generated data, state.pt). On exit 0 the head is in
@@ -39,6 +39,7 @@ GGUF=/tmp/ssv-smollm2.gguf
 SITE=/tmp/ssv-site
 RUN=${RUN_DIR:-runs/draft}
 BUDGET=${TIME_BUDGET:-540}
+PARTS=${GGUF_PARTS:-4}   # the tracked tree is ~34 MB: a third of the GGUF no longer fits beside it
 DEST=ssv/data/eagle3-smollm2
 
 install_wheels() {  # only what the image lacks
@@ -54,12 +55,15 @@ install_wheels() {  # only what the image lacks
     export PYTHONPATH="$SITE:${PYTHONPATH:-}"
 }
 
-assemble_gguf() {  # the three parts (two kept in /tmp/stage by `receive`, one carried) -> $GGUF
+assemble_gguf() {  # the parts (all but the last kept in /tmp/stage by `receive`, the last carried) -> $GGUF
     if [ ! -f "$GGUF" ]; then
         mkdir -p /tmp/stage
-        [ -f "$STAGE/gguf.part2" ] && cp "$STAGE/gguf.part2" /tmp/stage/
-        for i in 0 1 2; do [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i (see the header)"; exit 2; }; done
-        cat /tmp/stage/gguf.part0 /tmp/stage/gguf.part1 /tmp/stage/gguf.part2 > "$GGUF.tmp"
+        for f in "$STAGE"/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
+        n=$(cat "$STAGE/gguf.parts" 2>/dev/null || echo "$PARTS")
+        for ((i = 0; i < n; i++)); do
+            [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i of $n (see the header)"; exit 2; }
+        done
+        for ((i = 0; i < n; i++)); do cat /tmp/stage/gguf.part$i; done > "$GGUF.tmp"
         if [ -f "$STAGE/gguf.sha256" ] && [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" != "$(cat "$STAGE/gguf.sha256")" ]; then
             echo "reassembled GGUF has the wrong checksum"; rm -f "$GGUF.tmp"; exit 2
         fi
@@ -72,7 +76,8 @@ stage)
     src=$(python3 -c "from ssv.loaders.gguf import default_gguf_path; print(default_gguf_path())")
     mkdir -p "$STAGE"
     rm -f "$STAGE"/gguf.part*
-    split -n 3 -d -a 1 "$src" "$STAGE/gguf.part"
+    split -n "$PARTS" -d -a 1 "$src" "$STAGE/gguf.part"
+    echo "$PARTS" > "$STAGE/gguf.parts"
     sha256sum < "$src" | cut -d' ' -f1 > "$STAGE/gguf.sha256"
     mkdir -p .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
