@@ -192,3 +192,24 @@ class Eagle3Head(nn.Module):
     def target_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft next-token log-probs [..., vocab] over the TARGET vocabulary (-inf off the draft vocab)."""
         return self.to_target(self.draft_logp(hidden))
+
+
+def grow_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor) -> Eagle3Head:
+    """A copy of `head` whose draft vocabulary is `new_ids` (a superset of its own): every weight kept,
+    the added tokens' output rows from `ssv.draft.vocab.grow_rows` (target_rows: the target's output
+    layer [vocab, hidden])."""
+    import dataclasses
+
+    from ssv.draft.vocab import grow_rows
+
+    old = head.target_ids().cpu()
+    cfg = dataclasses.replace(head.cfg, draft_vocab_size=int(torch.as_tensor(new_ids).numel()))
+    out = Eagle3Head(cfg)
+    out.set_vocab(new_ids)
+    sd = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, unexpected = out.load_state_dict(sd, strict=False)
+    if unexpected or set(missing) != {"lm_head.weight", "d2t", "t2d"}:
+        raise ValueError(f"grow_head: unexpected weights {unexpected}, missing {missing}")
+    with torch.no_grad():
+        out.lm_head.weight.copy_(grow_rows(head.lm_head.weight, old, out.target_ids().cpu(), target_rows))
+    return out.to(head.lm_head.weight.dtype)

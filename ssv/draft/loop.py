@@ -15,24 +15,25 @@ import torch
 from ssv.draft import gen
 from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
 from ssv.draft.ttt import ttt_forward
-from ssv.draft.vocab import count_tokens, coverage, top_tokens
+from ssv.draft.vocab import count_tokens, coverage, grow_ids, top_tokens
 
 SIZE_LIMIT = 25_000_000
 
 
 def build_vocab(run: Path, train_data: List[dict], vocab_size: int, n: int, log: Callable,
                 fixed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The run's draft vocabulary (vocab.pt): the n most frequent answer tokens, or `fixed` (a starting
-    head's) with its coverage of this run's answers."""
+    """The run's draft vocabulary (vocab.pt): the n most frequent answer tokens; or `fixed` (a starting
+    head's), grown to n with the most frequent answer tokens it lacks when n is larger."""
     path = run / "vocab.pt"
     if path.exists():
         return torch.load(path, weights_only=True)["ids"]
     counts = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data), vocab_size)
-    ids = top_tokens(counts, n) if fixed is None else fixed
+    ids = top_tokens(counts, n) if fixed is None else grow_ids(fixed, counts, n)
     cov = coverage(counts, ids)
     torch.save({"ids": ids, "counts": counts, "coverage": cov}, path)
-    log(f"draft vocabulary{'' if fixed is None else ' of the starting head'}: {len(ids)} of {vocab_size} "
-        f"target tokens cover {cov:.2%} of the answer tokens")
+    how = "" if fixed is None else (" of the starting head" if len(fixed) == n else
+                                    f" of the starting head ({len(fixed)} ids, {coverage(counts, fixed):.2%}) grown")
+    log(f"draft vocabulary{how}: {len(ids)} of {vocab_size} target tokens cover {cov:.2%} of the answer tokens")
     return ids
 
 
@@ -58,6 +59,22 @@ class BaseHead(NamedTuple):
     state: dict
     ids: torch.Tensor
     sha256: str
+    head: Optional[Eagle3Head] = None
+
+
+def start_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool,
+               base: Optional[BaseHead]) -> Eagle3Head:
+    """The head a run starts from: new (`init_head`), the --init-from head's weights, or that head grown
+    to the run's larger vocabulary `ids` (`grow_head`: its rows kept, the added ones mapped from the
+    target's output layer)."""
+    if base is None:
+        return init_head(hcfg, ids, sd, from_target)
+    if len(base.ids) == len(ids):
+        head = init_head(hcfg, ids, sd, from_target)
+        head.load_state_dict(base.state, strict=True)
+        return head
+    from ssv.draft.eagle3 import grow_head
+    return grow_head(base.head, ids, sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
 
 
 def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> BaseHead:
@@ -70,14 +87,16 @@ def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> Base
 
     folder = default_head_path() if spec == "default" else Path(spec)
     base, bcfg = load_eagle3(folder, target=target_cfg)
-    diff = {k: (getattr(bcfg, k), getattr(hcfg, k)) for k in _ARCH if getattr(bcfg, k) != getattr(hcfg, k)}
+    # a larger --draft-vocab grows the head's vocabulary (`build_vocab`, `start_head`)
+    diff = {k: (getattr(bcfg, k), getattr(hcfg, k)) for k in _ARCH if getattr(bcfg, k) != getattr(hcfg, k)
+            and not (k == "draft_vocab_size" and bcfg.draft_vocab_size < hcfg.draft_vocab_size)}
     if tuple(bcfg.layer_ids(target_cfg.n_layers)) != tuple(layer_ids):
         diff["aux_layer_ids"] = (tuple(bcfg.layer_ids(target_cfg.n_layers)), tuple(layer_ids))
     if diff:
         raise ValueError(f"--init-from {folder}: the head differs from this run's {diff} (head, run); "
                          f"pass the matching --draft-vocab / --window")
     digest = hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest()
-    return BaseHead(base.state_dict(), base.target_ids().cpu(), digest)
+    return BaseHead(base.state_dict(), base.target_ids().cpu(), digest, base)
 
 
 def _rng_state() -> dict:
@@ -171,9 +190,7 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     train_data, eval_data = gen.load_split(run / "data", "train"), gen.load_split(run / "data", "eval")
     ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log,
                       fixed=base.ids if base is not None else None)
-    head = init_head(hcfg, ids, ck.state_dict, args.init_from_target)
-    if base is not None:   # --init-from: its weights (a resumed run reloads state.pt below)
-        head.load_state_dict(base.state, strict=True)
+    head = start_head(hcfg, ids, ck.state_dict, args.init_from_target, base)   # a resumed run reloads state.pt below
     head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     lengths = [s["ids"].numel() for s in train_data]

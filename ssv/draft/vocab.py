@@ -66,3 +66,36 @@ def coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
     """Fraction of the counted tokens that the draft vocabulary `ids` covers."""
     total = int(counts.sum())
     return float(counts[ids].sum()) / total if total else 1.0
+
+
+def grow_ids(old_ids: torch.Tensor, counts: torch.Tensor, n: int) -> torch.Tensor:
+    """A draft vocabulary grown to n ids: every id of `old_ids` kept, then the most frequent others by
+    `counts` (ties: lower id first), sorted by id."""
+    old = torch.as_tensor(old_ids, dtype=torch.long).flatten().cpu()
+    counts = torch.as_tensor(counts, dtype=torch.long).cpu()
+    if not old.numel() <= n <= counts.numel():
+        raise ValueError(f"a grown draft vocabulary needs {old.numel()} <= size <= {counts.numel()}, got {n}")
+    rank = counts.clone()
+    rank[old] = -1                       # below every count: never taken again
+    extra = torch.sort(-rank, stable=True).indices[: n - old.numel()]
+    return torch.sort(torch.cat([old, extra])).values
+
+
+def grow_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
+              target_rows: torch.Tensor) -> torch.Tensor:
+    """Output rows [len(new_ids), H] for a grown draft vocabulary (both id lists sorted, old within new):
+    the head's own rows `w_old` [len(old_ids), H] kept, and each added token's row the target's output
+    row of that token (`target_rows` [vocab, Ht]) mapped by the least-squares linear map from the
+    target's rows of the old tokens to the head's rows. A trained head's rows are not the target's
+    (cosine ~0.02 on the shipped head) but are nearly a linear image of them (~0.76 on rows held out
+    of the fit): a start for training, not a substitute."""
+    old = torch.as_tensor(old_ids, dtype=torch.long).cpu()
+    new = torch.as_tensor(new_ids, dtype=torch.long).cpu()
+    a, b = target_rows.float().cpu()[old], w_old.float().cpu()
+    m = torch.linalg.lstsq(a, b).solution                                             # [Ht, H]
+    out = target_rows.float().cpu()[new] @ m
+    keep = torch.searchsorted(new, old)
+    if not torch.equal(new[keep], old):
+        raise ValueError("the grown vocabulary must contain every old id")
+    out[keep] = b
+    return out

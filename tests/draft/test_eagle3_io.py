@@ -176,3 +176,62 @@ def test_default_head_path_and_missing(monkeypatch, tmp_path):
     monkeypatch.setattr(draft, "default_head_path", lambda: tmp_path / "absent")
     with pytest.raises(FileNotFoundError, match="train-draft"):
         draft.load_default_head()
+
+
+def test_grow_ids_keeps_old_and_takes_most_frequent():
+    from ssv.draft.vocab import grow_ids
+    counts = torch.tensor([0, 9, 3, 3, 7, 1, 0, 5])
+    old = torch.tensor([7, 1])
+    assert grow_ids(old, counts, 2).tolist() == [1, 7]
+    # 4 (7) then the tie 2/3 (3): the lower id first
+    assert grow_ids(old, counts, 4).tolist() == [1, 2, 4, 7]
+    assert grow_ids(old, counts, 8).tolist() == list(range(8))
+    with pytest.raises(ValueError, match="grown draft vocabulary"):
+        grow_ids(old, counts, 1)
+    with pytest.raises(ValueError, match="grown draft vocabulary"):
+        grow_ids(old, counts, 9)
+
+
+def test_grow_rows_keeps_old_rows_and_maps_new_ones():
+    from ssv.draft.vocab import grow_rows
+    g = torch.Generator().manual_seed(0)
+    vocab, ht, h = 300, 12, 10
+    target = torch.randn(vocab, ht, generator=g)
+    m = torch.randn(ht, h, generator=g)
+    old = torch.sort(torch.randperm(vocab, generator=g)[:100]).values
+    new = torch.sort(torch.cat([old, torch.tensor([i for i in range(vocab) if i not in set(old.tolist())][:37])])).values
+    w_old = target[old] @ m
+    w_old[5] = 0.0                              # an old row is copied as it is, never refitted
+    out = grow_rows(w_old, old, new, target)
+    keep = torch.searchsorted(new, old)
+    assert torch.equal(out[keep], w_old)
+    added = torch.ones(new.numel(), dtype=torch.bool)
+    added[keep] = False
+    # rows that are an exact linear image of the target's: the added ones are that image
+    exact = grow_rows(target[old] @ m, old, new, target)
+    torch.testing.assert_close(exact[added], target[new[added]] @ m, rtol=1e-3, atol=1e-3)
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="every old id"):
+        grow_rows(target[old] @ m, old, new[new != old[50]], target)
+
+
+def test_grow_head_keeps_old_logits(tmp_path):
+    from ssv.draft.eagle3 import grow_head
+    from ssv.draft.vocab import grow_ids
+    target = tiny_target()
+    head = tiny_head(target, draft_vocab=30)
+    counts = torch.arange(target.cfg.vocab_size)            # the highest ids most frequent
+    new = grow_ids(head.target_ids(), counts, 45)
+    rows = target.state_dict()["embed_tokens.weight"]
+    big = grow_head(head, new, rows)
+    assert big.cfg.draft_vocab_size == 45 and torch.equal(big.target_ids(), new)
+    x = torch.randn(3, head.cfg.hidden_size)
+    lp_old, lp_new = head.draft_logits(x), big.draft_logits(x)
+    keep = torch.searchsorted(new, head.target_ids())
+    torch.testing.assert_close(lp_new[:, keep], lp_old)
+    assert torch.isfinite(lp_new).all()
+    save_eagle3(tmp_path / "h", big)
+    again, cfg = load_eagle3(tmp_path / "h")
+    assert cfg.draft_vocab_size == 45 and torch.equal(again.target_ids(), new)
+    with pytest.raises(ValueError, match="every old id"):
+        grow_head(head, new[new != head.target_ids()[7]], rows)

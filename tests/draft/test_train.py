@@ -199,3 +199,21 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     assert main(bad) == 2 and not (run3 / "data").exists() and not (run3 / "run.json").exists()
     bad[bad.index("--draft-vocab") + 1] = "30"              # a refused run leaves nothing that refuses the retry
     assert main(bad + ["--max-steps", "1"]) == 0
+
+    # a larger --draft-vocab grows the starting head: its ids and rows kept, the most frequent answer
+    # tokens it lacks added (at lr 0 the export is the grown head)
+    run4, out4 = tmp_path / "run4", tmp_path / "head4"
+    grow = [a if a != str(run) else str(run4) for a in common] + ["--init-from", str(out)]
+    grow[grow.index("--draft-vocab") + 1] = "36"
+    assert main(grow + ["--max-steps", "1", "--lr", "0", "--export", str(out4)]) == 0
+    head4, cfg4 = load_eagle3(out4, target=target.cfg)
+    assert cfg4.draft_vocab_size == 36
+    ids4 = head4.target_ids()
+    keep = torch.searchsorted(ids4, head.target_ids())
+    assert torch.equal(ids4[keep], head.target_ids())
+    torch.testing.assert_close(head4.lm_head.weight[keep], head.lm_head.weight, rtol=0, atol=1e-2)  # bf16 export
+    counts = torch.load(run4 / "vocab.pt", weights_only=True)["counts"]
+    added = ids4[~torch.isin(ids4, head.target_ids())]
+    others = torch.ones_like(counts, dtype=torch.bool)
+    others[ids4] = False
+    assert counts[added].min() >= counts[others].max()      # the most frequent of the missing ones
