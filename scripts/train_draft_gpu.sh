@@ -7,7 +7,8 @@
 # Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~32 MB
 # working tree, <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm --
 # 30 s after a call), the 98 MB GGUF travels in four parts (GGUF_PARTS) over back-to-back calls. The
-# tree (~34 MB) and one part (~25 MB) leave ~7 MB for anything else a call carries (the wheels 1.1 MB):
+# tree (~39 MB with the 24.5 MB head) and one part (~25 MB) leave ~3 MB for anything else a call carries
+# (the wheels 1.1 MB); a run that also carries the corpus parts (~4 MB each) needs GGUF_PARTS=5:
 #   1. here, once:  scripts/train_draft_gpu.sh stage
 #        splits the default GGUF into .stage/draft/gguf.part{0..3} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
@@ -39,7 +40,7 @@ GGUF=/tmp/ssv-smollm2.gguf
 SITE=/tmp/ssv-site
 RUN=${RUN_DIR:-runs/draft}
 BUDGET=${TIME_BUDGET:-540}
-PARTS=${GGUF_PARTS:-4}   # the tracked tree is ~34 MB: a third of the GGUF no longer fits beside it
+PARTS=${GGUF_PARTS:-4}   # the tracked tree is ~39 MB: a third of the GGUF no longer fits beside it
 DEST=ssv/data/eagle3-smollm2
 
 install_wheels() {  # only what the image lacks
@@ -102,9 +103,11 @@ train-general)  # the general-purpose head: the shipped recipe plus the corpus (
         --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
 finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus.
-    # The head shipped since bd51d76 came from this with --init-from default when the default was the
-    # first head (git show e513856:ssv/data/eagle3-smollm2/...; run.json records the start's sha256);
-    # run now, it fine-tunes the fine-tuned head again. INIT_FROM overrides the starting head.
+    # The head shipped since 8404035 came from this with --draft-vocab 12288 --self-prompts 1000 (the
+    # starting head's 8,192 ids kept, the 4,096 most frequent answer tokens it lacked added, their rows
+    # mapped from the target's output layer: ssv.draft.vocab.grow_rows), starting from the head shipped
+    # before it (bench/results/draft-grown; run.json records the start's sha256). Run now, it
+    # fine-tunes the shipped head again. INIT_FROM overrides the starting head.
     shift
     set -- --init-from "${INIT_FROM:-default}" "$@"
     exec "$0" train --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \

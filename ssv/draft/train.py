@@ -78,7 +78,9 @@ def add_train_draft_parser(subparsers):
                    help="plain corpus tokens, documents concatenated into --seq-len pieces (long contexts)")
     g.add_argument("--corpus-eval-tokens", type=int, default=0, help="held-out plain corpus tokens in the eval set")
     h = p.add_argument_group("head and training")
-    h.add_argument("--draft-vocab", type=int, default=8192)
+    h.add_argument("--draft-vocab", type=int, default=8192,
+                   help="draft vocabulary size; with --init-from, a size above the head's own grows its vocabulary "
+                        "(its ids and rows kept, the most frequent answer tokens it lacks added)")
     h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
     h.add_argument("--seq-len", type=int, default=2048)
     h.add_argument("--ttt-steps", type=int, default=3)
@@ -92,7 +94,7 @@ def add_train_draft_parser(subparsers):
     h.add_argument("--grad-clip", type=float, default=0.5)
     h.add_argument("--init-from", default="", metavar="HEAD",
                    help="start from an EAGLE-3 head folder ('default': the shipped head): its weights and "
-                        "draft vocabulary (the architecture flags must match it)")
+                        "draft vocabulary (the architecture flags must match it; --draft-vocab may be larger)")
     h.add_argument("--init-from-target", action="store_true",
                    help="start lm_head/norm from the target's (default: random, as EAGLE-3; a short A/B run "
                         "gave better step-0 but worse step-1/2 accuracy)")
