@@ -15,7 +15,8 @@ same command is run again (exit status 75 = stopped early, run again; 0 = finish
 
 Draft vocabulary: the head must stay under 25 MB. With hidden 576 the head without lm_head is
 5.09M parameters (10.2 MB in bf16); lm_head adds 576 * draft_vocab parameters, so 8192 tokens
-give 19.7 MB in bf16 (12288: 24.5 MB, too close; the full 49152 would be 67 MB). 8192 is the default.
+give 19.7 MB in bf16 and 12288 24.5 MB (the full 49152 would be 67 MB). 8192 is the default for a new
+head; the shipped head has 12288, grown from 8192 by `--init-from default --draft-vocab 12288`.
 """
 from __future__ import annotations
 
