@@ -55,11 +55,10 @@ _ARCH = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_val
 
 
 class BaseHead(NamedTuple):
-    """The head --init-from names: its weights, draft vocabulary (target ids) and weights file's sha256."""
-    state: dict
+    """The head --init-from names (loaded), its draft vocabulary (target ids) and weights file's sha256."""
+    head: Eagle3Head
     ids: torch.Tensor
     sha256: str
-    head: Optional[Eagle3Head] = None
 
 
 def start_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool,
@@ -71,7 +70,7 @@ def start_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: boo
         return init_head(hcfg, ids, sd, from_target)
     if len(base.ids) == len(ids):
         head = init_head(hcfg, ids, sd, from_target)
-        head.load_state_dict(base.state, strict=True)
+        head.load_state_dict(base.head.state_dict(), strict=True)
         return head
     from ssv.draft.eagle3 import grow_head
     return grow_head(base.head, ids, sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
@@ -96,7 +95,7 @@ def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> Base
         raise ValueError(f"--init-from {folder}: the head differs from this run's {diff} (head, run); "
                          f"pass the matching --draft-vocab / --window")
     digest = hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest()
-    return BaseHead(base.state_dict(), base.target_ids().cpu(), digest, base)
+    return BaseHead(base, base.target_ids().cpu(), digest)
 
 
 def _rng_state() -> dict:
