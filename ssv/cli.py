@@ -41,7 +41,7 @@ def load_model(spec: str, device: str, dtype: str | None = None, progress: bool 
     return model, ck.tokenizer
 
 
-def _prompt_ids(args, tok) -> list:
+def _prompt_text(args) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
@@ -55,11 +55,36 @@ def _prompt_ids(args, tok) -> list:
         raise ValueError("no prompt: give --prompt TEXT or --prompt-file F")
     if not text.strip():
         raise ValueError("empty prompt")
+    return text
+
+
+def _prompt_ids(args, tok, text: str) -> list:
     if tok is None:
         raise ValueError("this checkpoint has no tokenizer; ssv needs tokenizer.json beside it")
     if args.chat:
         text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     return tok.encode(text)
+
+
+def _check_generate(args) -> str:
+    """Refuse bad options before the model loads (seconds on the CPU, more for a large checkpoint):
+    the prompt's source and text, the new-token count, and for the speculative modes the tree, the
+    verification options, the head's folder and the profile. Returns the prompt's text."""
+    if args.record_routing and not os.path.isdir(os.path.dirname(os.path.abspath(args.record_routing))):
+        raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    text = _prompt_text(args)
+    if args.mode != "ar":
+        _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
+        if args.draft != "default" and not os.path.isdir(args.draft):
+            raise FileNotFoundError(f"EAGLE-3 head folder not found: {args.draft}")
+        if args.profile:
+            if args.mode != "ssv":
+                raise ValueError("--profile plans --mode ssv (sd-naive is a fixed baseline)")
+            if not os.path.isfile(args.profile):
+                raise FileNotFoundError(f"profile not found: {args.profile}")
+    return text
 
 
 def cmd_generate(args) -> int:
@@ -68,12 +93,9 @@ def cmd_generate(args) -> int:
     from ssv.spec.accept import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    if args.record_routing and not os.path.isdir(os.path.dirname(os.path.abspath(args.record_routing))):
-        raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    text = _check_generate(args)
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
-    ids = _prompt_ids(args, tok)
+    ids = _prompt_ids(args, tok, text)
     record = [] if args.record_routing else None
     runner = Runner(model, attention=args.attention, record=record)
     # decoding runs the device-resident round (graphed on CUDA unless --eager), greedy or sampled;
@@ -89,8 +111,6 @@ def cmd_generate(args) -> int:
         planner = None
         if args.profile:
             from ssv.spec.planner import AdaptivePlanner, Profile
-            if args.mode != "ssv":
-                raise ValueError("--profile plans --mode ssv (sd-naive is a fixed baseline)")
             # strict unless --precision approx: then the profile's approximate strategies may be chosen too
             planner = AdaptivePlanner(Profile.load(args.profile), model.cfg.n_layers,
                                       allow_approx=args.precision == "approx")
@@ -171,10 +191,9 @@ def _fallback(args, opts):
     return ArFallback(prior_break_even=CPU_BREAK_EVEN[form]) if small else ArFallback()
 
 
-def _spec_setup(args, model):
-    """The drafter and the verification options of --mode sd-naive / ssv."""
+def _spec_options(args, n_layers: int):
+    """The tree and verification options of --mode sd-naive / ssv (validated)."""
     from ssv.attention import VerifyOptions
-    from ssv.draft import load_drafter
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
@@ -187,9 +206,14 @@ def _spec_setup(args, model):
         verify = VerifyOptions(group_size=1, precision="strict")
     else:
         verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
-                               refresh=VerifyOptions.every(args.refresh_every, model.cfg.n_layers))
-    opts = SpecOptions(tree=tree, order=args.traversal, verify=verify)
-    return load_drafter(args.draft, model), opts
+                               refresh=VerifyOptions.every(args.refresh_every, n_layers))
+    return SpecOptions(tree=tree, order=args.traversal, verify=verify)
+
+
+def _spec_setup(args, model):
+    """The drafter and the verification options of --mode sd-naive / ssv."""
+    from ssv.draft import load_drafter
+    return load_drafter(args.draft, model), _spec_options(args, model.cfg.n_layers)
 
 
 def _save_routing(path, record, args) -> None:

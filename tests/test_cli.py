@@ -133,6 +133,31 @@ def test_prompt_sources(capsys, tiny_ckpt, tmp_path):
     fails(["generate", "--model", tiny_ckpt], capsys, "no prompt: give --prompt TEXT or --prompt-file F")
 
 
+def test_generate_refuses_bad_options_before_loading_the_model(capsys, monkeypatch, tmp_path):
+    """Option errors cost no model load (seconds on the CPU): each is refused with load_model unreachable."""
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+    monkeypatch.setattr(cli, "load_model", no_load)
+    base = ["generate", "--model", tmp_path / "no-model", "--max-new-tokens", 4]
+    fails(base + ["--prompt", "  "], capsys, "empty prompt")
+    fails(base + ["--prompt-file", tmp_path / "nope.txt"], capsys, "prompt file not found")
+    fails(base, capsys, "no prompt")
+    fails(base + ["--prompt", "hi", "--max-new-tokens", 0], capsys, "--max-new-tokens")
+    fails(base + ["--prompt", "hi", "--temperature", -1], capsys, "temperature")
+    spec = base + ["--prompt", "hi", "--mode", "ssv"]
+    fails(spec + ["--tree-depth", 0], capsys, "depth")
+    fails(spec + ["--tree-topk", 100], capsys, "top_k")
+    fails(spec + ["--group-size", 3], capsys, "group size")
+    fails(spec + ["--refresh-every", 2], capsys, "approx")
+    fails(spec + ["--tree-tokens", 129, "--tree-depth", 8, "--tree-topk", 16], capsys, "128")
+    fails(spec + ["--draft", tmp_path / "no-head"], capsys, "EAGLE-3 head folder not found", "no-head")
+    fails(spec + ["--profile", tmp_path / "p.json"], capsys, "profile not found")
+    fails(base + ["--prompt", "hi", "--mode", "sd-naive", "--profile", tmp_path / "p.json"], capsys, "--profile plans")
+    # options that pass the check reach the load: the same command with a good tree loads (and fails here)
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        main([str(a) for a in spec + ["--tree-depth", 2, "--tree-topk", 2, "--tree-tokens", 4]])
+
+
 @pytest.mark.parametrize("value", ["-0.5", "-1e-9", "nan", "inf"])
 def test_bad_temperature(capsys, value):
     # rejected before any model is loaded (the model path does not exist)
