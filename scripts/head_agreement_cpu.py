@@ -1,5 +1,5 @@
 """Where the shipped head's acceptance goes, by family: the target's own greedy continuation of each
-held-out prompt (ar, CONTEXT tokens of prompt, NEW tokens) teacher-forced through the target and the
+held-out prompt of `ssv bench spec` (ar, CONTEXT tokens of prompt, NEW tokens) teacher-forced through the target and the
 head, and per continuation token whether it is in the draft vocabulary and whether the head's first
 choice (top-1) or any of its first 8 (top-8) names it, and the target's median top-2 logit margin over those
 tokens (how decided the text is). A token outside the vocabulary ends a round
@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from ssv.bench.e2e import prompt_ids
 from ssv.cli import load_model
 from ssv.draft import load_drafter
 from ssv.engine.generate import generate_ar
@@ -28,11 +29,11 @@ def main(context=4096, new=128, docs=2, out=None):
     drafter = load_drafter("default", model)
     vocab = set(drafter.vocab_ids.tolist())
     prompts = json.load(open(".stage/e2e-prompts.json"))
-    r = Runner(model, attention="nsa")
+    r = Runner(model, attention="nsa", max_len=context + new + 16)   # as `ssv bench spec`: room past 8K
     rows = []
     for family, texts in prompts.items():
         for i, text in enumerate(texts[:docs]):
-            ids = tok.encode(text)[:context]
+            ids = prompt_ids(tok, family, text, context)   # chat: a question in the chat template, as benchmarked
             res = generate_ar(r, ids, SamplingParams(temperature=0.0), new, margins=True)
             cont = res.token_ids
             margins = sorted(res.stats["top2_margins"][1:])   # the target's top-2 logit gap at each token
