@@ -66,25 +66,27 @@ def _prompt_ids(args, tok, text: str) -> list:
     return tok.encode(text)
 
 
-def _check_generate(args) -> str:
+def _check_generate(args) -> tuple:
     """Refuse bad options before the model loads (seconds on the CPU, more for a large checkpoint):
     the prompt's source and text, the new-token count, and for the speculative modes the tree, the
-    verification options, the head's folder and the profile. Returns the prompt's text."""
+    verification options, the head's config and the profile. Returns (the prompt's text, the loaded
+    profile or None)."""
     if args.record_routing and not os.path.isdir(os.path.dirname(os.path.abspath(args.record_routing))):
         raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    text = _prompt_text(args)
+    text, profile = _prompt_text(args), None
     if args.mode != "ar":
         _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
-        if args.draft != "default" and not os.path.isdir(args.draft):
-            raise FileNotFoundError(f"EAGLE-3 head folder not found: {args.draft}")
+        if args.draft != "default":
+            from ssv.draft.io import read_config
+            read_config(args.draft)
         if args.profile:
+            from ssv.spec.planner import Profile
             if args.mode != "ssv":
                 raise ValueError("--profile plans --mode ssv (sd-naive is a fixed baseline)")
-            if not os.path.isfile(args.profile):
-                raise FileNotFoundError(f"profile not found: {args.profile}")
-    return text
+            profile = Profile.load(args.profile)
+    return text, profile
 
 
 def cmd_generate(args) -> int:
@@ -93,7 +95,7 @@ def cmd_generate(args) -> int:
     from ssv.spec.accept import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    text = _check_generate(args)
+    text, profile = _check_generate(args)
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
     ids = _prompt_ids(args, tok, text)
     record = [] if args.record_routing else None
@@ -109,10 +111,10 @@ def cmd_generate(args) -> int:
         from ssv.engine.spec import generate_spec
         drafter, opts = _spec_setup(args, model)
         planner = None
-        if args.profile:
-            from ssv.spec.planner import AdaptivePlanner, Profile
+        if profile is not None:
+            from ssv.spec.planner import AdaptivePlanner
             # strict unless --precision approx: then the profile's approximate strategies may be chosen too
-            planner = AdaptivePlanner(Profile.load(args.profile), model.cfg.n_layers,
+            planner = AdaptivePlanner(profile, model.cfg.n_layers,
                                       allow_approx=args.precision == "approx")
         engine = _engine(args, runner, drafter) if use_engine else None
         fallback = _fallback(args, opts) if args.mode == "ssv" and args.fallback else None
