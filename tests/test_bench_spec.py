@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from ssv.bench.e2e import QUESTION, prompt_ids
 from ssv.bench.spec import check_families, eval_spec, family_documents, summarize
 from ssv.draft import Eagle3Drafter
 from ssv.engine.runner import Runner
@@ -45,6 +46,26 @@ def test_family_documents_build_each_familys_prompts_at_each_context(setup):
     assert code == {L: WordTok().encode(TEXTS["code"][0])[:L] for L in CONTEXTS}
     for L in CONTEXTS:  # chat: the document cut to fit, the question, the template
         assert len(chat[L]) <= L and chat[L][-1] == len("<assistant>")
+
+
+def test_aligned_documents_continue_the_same_text_at_every_context():
+    tok = WordTok()
+    docs = family_documents(tok, TEXTS, ["code", "prose", "chat"], CONTEXTS, 1, aligned=True)
+    for fam in ("code", "prose"):
+        ids = tok.encode(TEXTS[fam][0])
+        assert docs[fam][0] == {L: ids[max(CONTEXTS) - L:max(CONTEXTS)] for L in CONTEXTS}
+    chat, ids = docs["chat"][0], tok.encode(TEXTS["chat"][0])
+    question = tok.encode(QUESTION + " <assistant>")
+    for L in CONTEXTS:   # the body ends at the same document token at every length, then the question
+        assert len(chat[L]) <= L and chat[L][-1] == len("<assistant>")
+        body = chat[L][1:len(chat[L]) - len(question)]
+        assert body == ids[max(CONTEXTS) - len(body):max(CONTEXTS)]
+    unaligned = family_documents(tok, TEXTS, ["code"], CONTEXTS, 1)["code"][0]
+    assert unaligned[CONTEXTS[0]] != docs["code"][0][CONTEXTS[0]]   # the default starts at the document's start
+    with pytest.raises(ValueError, match="cannot end at token 30"):
+        prompt_ids(tok, "code", TEXTS["code"][0], 40, end=30)
+    with pytest.raises(ValueError, match="fewer than 200"):
+        prompt_ids(tok, "code", TEXTS["code"][0], 40, end=200)
 
 
 def test_rows_carry_family_and_temperature_and_summary_groups_by_them(setup):
@@ -176,6 +197,13 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     fails(base + ["--families", "chat"], capsys, "only 'code'")
     fails(base + ["--prompts", tmp_path / "none.json"], capsys, "none.json")
     fails(base + ["--temperatures", -0.5], capsys, "temperature")
+    fails(base + ["--aligned"], capsys, "--aligned needs --prompts")
+    # --paired --aligned: each mode's ratio over an ar interleaved with it; the prompts end at one point
+    succeeds(base + ["--prompts", prompts, "--families", "code", "--temperatures", 0, "--paired", "--aligned",
+                     "--contexts", 40, 48], capsys)
+    pa = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert [s["paired"] for s in pa["summary"]] == [False, True, False, True]
+    assert all(r["paired_ar_identical"] for r in pa["rows"] if r["mode"] == "ssv strict")
     # --device-round: the same rows through the DeviceEngine (greedy: the host round's MALs, ar's tokens)
     succeeds(base + ["--prompts", prompts, "--families", "code", "--temperatures", 0, "--device-round"], capsys)
     dr = json.loads((tmp_path / "spec-cpu.json").read_text())

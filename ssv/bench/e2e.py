@@ -52,16 +52,21 @@ def mode_table(n_layers: int, tree: TreeSpec) -> dict:
 FALLBACK = ("ssv strict", "ssv approx C16", "ssv approx C16 reuse/2")
 
 
-def prompt_ids(tok, family: str, text: str, context: int) -> list:
-    """`context` tokens of a document (chat: the document cut to fit, a question, the chat template)."""
+def prompt_ids(tok, family: str, text: str, context: int, end: int | None = None) -> list:
+    """`context` tokens of a document that end at its token `end` (default: `context`, the document's
+    start); chat: the document's tokens before `end` cut to fit, a question, the chat template. With one
+    `end` for every context, each context length continues the same text (`ssv bench spec --aligned`)."""
     ids = tok.encode(text)
+    end = context if end is None else end
+    if end < context:
+        raise ValueError(f"a prompt of {context} tokens cannot end at token {end}")
     if family != "chat":
-        if len(ids) < context:
-            raise ValueError(f"a {family} document has {len(ids)} tokens, fewer than {context}")
-        return ids[:context]
+        if len(ids) < end:
+            raise ValueError(f"a {family} document has {len(ids)} tokens, fewer than {end}")
+        return ids[end - context:end]
     overhead = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
                                                       add_generation_prompt=True)))
-    body = tok.decode(ids[: max(16, context - overhead)])
+    body = tok.decode(ids[max(0, end - max(16, context - overhead)):end])
     return tok.encode(tok.apply_chat_template([{"role": "user", "content": body + QUESTION}],
                                               add_generation_prompt=True))[:context]
 

@@ -26,6 +26,7 @@ import sys
 import torch
 
 from ssv.bench.e2e import prompt_ids
+from ssv.bench.paired import PairedAr
 from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import generate_spec
@@ -84,10 +85,14 @@ def check_families(families, texts=None) -> list:
     return fams
 
 
-def family_documents(tok, texts: dict, families, contexts, count: int) -> dict:
+def family_documents(tok, texts: dict, families, contexts, count: int, aligned: bool = False) -> dict:
     """family -> `count` documents, each {context: prompt ids} (`ssv.bench.e2e.prompt_ids`). Every text
-    must have at least max(contexts) tokens (chat: then the document is cut to fit the template)."""
+    must have at least max(contexts) tokens (chat: then the document is cut to fit the template).
+    aligned: every context's prompt ends at the document's token max(contexts), so each length continues
+    the same text and the columns differ by context length alone; otherwise each prompt is the
+    document's first `context` tokens and each length continues other text."""
     need, out = max(contexts), {}
+    end = need if aligned else None
     for fam in families:
         items = texts[fam][:count]
         if len(items) < count:
@@ -97,7 +102,7 @@ def family_documents(tok, texts: dict, families, contexts, count: int) -> dict:
             if fam == "chat" and (have := len(tok.encode(text))) < need:
                 raise ValueError(f"chat document {i} has {have} tokens, fewer than {need}")
             try:
-                docs.append({L: prompt_ids(tok, fam, text, L) for L in contexts})
+                docs.append({L: prompt_ids(tok, fam, text, L, end) for L in contexts})
             except ValueError as e:
                 raise ValueError(f"{fam} document {i}: {e}") from None
         out[fam] = docs
@@ -133,7 +138,7 @@ def first_diff(a: list, b: list):
 def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
               warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1,
-              device_round: bool = False) -> list:
+              device_round: bool = False, paired: bool = False) -> list:
     """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
     token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
     family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
@@ -144,7 +149,9 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`.
     device_round: every run on a `DeviceEngine` (what `ssv generate` runs), no AR fall-back; ar then
     records no top-2 margins (they need the host step). Each run builds its own engine, so on CUDA its
-    graph captures fall inside the run: `ssv bench e2e` is the CUDA end-to-end benchmark."""
+    graph captures fall inside the run: `ssv bench e2e` is the CUDA end-to-end benchmark.
+    paired: each mode's run also steps an `ar` run between its own steps (`ssv.bench.paired`), and its
+    speedup_vs_ar is over that paired ar (the unpaired ratio stays as speedup_vs_ar_run)."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     make_runner = make_runner or (lambda att: Runner(model, attention=att))
@@ -162,9 +169,15 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
         r = make_runner("nsa")
         return generate_ar(r, ids, sp, n, seed=seed, margins=margins and not device_round, engine=engine(r))
 
-    def run_spec(att, ids, sp, n, opts):
+    def run_spec(att, ids, sp, n, opts, between=None):
         r = make_runner(att)
-        return generate_spec(r, drafter, ids, sp, n, opts, seed=seed, engine=engine(r, drafter))
+        return generate_spec(r, drafter, ids, sp, n, opts, seed=seed, engine=engine(r, drafter), between=between)
+
+    def shadow(ids, sp, n):
+        if not paired:
+            return None
+        r = make_runner("nsa")
+        return PairedAr(r, ids, sp, n, seed=seed, engine=engine(r))
     rows = []
     n_layers = model.cfg.n_layers
     table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees).items()
@@ -189,7 +202,8 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
                 rows.append(dict(base, mode="ar", mean_accepted_length=1.0, tokens_per_second=ar_tps,
                                  first_diff_vs_ar=None, min_top2_margin=margin))
                 for name, (att, opts) in table.items():
-                    sd = run_spec(att, ids, sp, new_tokens, opts)
+                    pair = shadow(ids, sp, new_tokens)
+                    sd = run_spec(att, ids, sp, new_tokens, opts, between=pair)
                     st = sd.stats
                     # sampled: the tokens differ from ar's by design, there is no first difference
                     diff = first_diff(ar.token_ids, sd.token_ids) if greedy else None
@@ -200,6 +214,12 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
                                      speedup_vs_ar=st["tokens_per_second"] / max(ar_tps, 1e-9),
                                      first_diff_vs_ar=diff,
                                      ar_margin_at_diff=None if diff is None or not margins else margins[diff]))
+                    if pair is not None:
+                        pair(len(sd.token_ids))   # a text cut at the context's end: ar catches up
+                        rows[-1].update(paired_ar_tokens_per_second=pair.tokens_per_second,
+                                        speedup_vs_ar_run=rows[-1]["speedup_vs_ar"],
+                                        speedup_vs_ar=st["tokens_per_second"] / max(pair.tokens_per_second, 1e-9),
+                                        paired_ar_identical=pair.token_ids == ar.token_ids)
                     if progress:
                         print(rows[-1], file=sys.stderr, flush=True)
                     if on_row:
@@ -219,7 +239,8 @@ def summarize(rows: list, new_tokens: int = 0) -> list:
     > 0) are not compared with `ar` (None). acceptance_by_depth: the elementwise mean over documents,
     shorter lists padded with 0 (a tree that is not that deep never accepts there). Repeated runs
     (`rep` > 0, the same tokens again) count once for agreement and acceptance; a document's tok/s
-    and speedup are the medians over its repeats (`speedup_range`: the extremes of the ratios)."""
+    and speedup are the medians over its repeats (`speedup_range`: the extremes of the ratios); `paired`:
+    the speedups are over an ar run interleaved with each run (`eval_spec(paired=True)`)."""
     out, groups = [], {}
     for r in rows:
         groups.setdefault(_key(r), []).append(r)
@@ -251,7 +272,8 @@ def summarize(rows: list, new_tokens: int = 0) -> list:
                         tokens_per_second=tps, speedup_vs_ar=speedup, speedup_range=[min(ratios), max(ratios)],
                         repeats=len(every) // max(1, len(rs)),
                         identical_to_ar=sum(d is None for d in diffs) if greedy else None,
-                        max_ar_margin_at_diff=max(margins) if margins else None))
+                        max_ar_margin_at_diff=max(margins) if margins else None,
+                        paired=all("paired_ar_tokens_per_second" in r for r in every) and mode != "ar"))
     return out
 
 
@@ -281,6 +303,13 @@ def add_args(p) -> None:
     p.add_argument("--device-round", action="store_true",
                    help="run ar and every mode on the device-resident round, as `ssv generate` does (no "
                         "fall-back; for the CPU: on CUDA use `ssv bench e2e`, which captures graphs once)")
+    p.add_argument("--paired", action="store_true",
+                   help="time every mode against an ar run stepped between its own steps (the same "
+                        "machine state round by round: a noisy VM still gives a ratio); CPU, or no overlap")
+    p.add_argument("--aligned", action="store_true",
+                   help="every context's prompt ends at the same point of its document (the longest "
+                        "context's end), so the context lengths continue the same text; default: each "
+                        "prompt is the document's first CONTEXT tokens (needs --prompts)")
     p.add_argument("--out", default="bench/results")
 
 
@@ -301,6 +330,9 @@ def cmd_bench_spec(args) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     texts = load_prompts(args.prompts) if args.prompts else None
+    if args.aligned and texts is None:
+        raise ValueError("--aligned needs --prompts: the held-out stdlib documents are cut to the longest "
+                         "context only")
     families = check_families(args.families, texts)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
     extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
@@ -309,7 +341,7 @@ def cmd_bench_spec(args) -> int:
     if texts is None:
         docs = {"code": eval_documents(tok, max(args.contexts), args.docs)}
     else:
-        docs = family_documents(tok, texts, families, args.contexts, args.docs)
+        docs = family_documents(tok, texts, families, args.contexts, args.docs, aligned=args.aligned)
     env = environment(args.device)
     os.makedirs(args.out, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "func"}
@@ -328,7 +360,7 @@ def cmd_bench_spec(args) -> int:
                      make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
                      extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats,
-                     device_round=args.device_round)
+                     device_round=args.device_round, paired=args.paired)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -79,16 +79,24 @@ def _ar_keep(runner: Runner, drafter, root: int, params: SamplingParams, gen: to
 
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
-                  planner=None, engine=None, fallback=None, round_seconds: Optional[list] = None) -> GenResult:
+                  planner=None, engine=None, fallback=None, round_seconds: Optional[list] = None,
+                  between: Optional[Callable[[int], None]] = None) -> GenResult:
     """planner (ssv.spec.planner.AdaptivePlanner): chooses the options of every round instead of `opts`.
     fallback (ssv.spec.fallback.ArFallback): AR steps instead of rounds while speculation does not pay
     (the same tokens: strict rounds and AR steps agree; the drafter is caught up before a round).
     engine (ssv.engine.device_round.DeviceEngine over this runner and drafter): rounds run
     device-resident (graphed on CUDA), greedy or sampled (coins from the engine's generator, seeded
     with `seed`: the same distribution as the host round, not the same draws).
-    round_seconds: a list that gets each speculative round's wall time (a benchmark's switch costs)."""
+    round_seconds: a list that gets each speculative round's wall time (a benchmark's switch costs).
+    between(tokens so far): called after every step, its time left out of every time measured here (a
+    benchmark steps its paired baseline there, `ssv.bench.paired`); not with an overlapping engine,
+    whose next step would run during it."""
     if opts is None and planner is None:
         raise ValueError("generate_spec needs SpecOptions or a planner")
+    if between is not None and engine is not None and engine.overlap:
+        raise ValueError("between needs a non-overlapping engine: the step in flight would run during it")
+    paused = [0.0]
+    clock = lambda: time.perf_counter() - paused[0]  # noqa: E731 -- wall time without `between`'s
     check_budget(runner, len(prompt_ids), max_new_tokens)
     if planner is not None:
         planner.reset()
@@ -147,6 +155,10 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                 out.append(t)
                 if t in stop_ids or len(out) >= max_new_tokens:
                     break
+        if between is not None:
+            t = time.perf_counter()
+            between(len(out))
+            paused[0] += time.perf_counter() - t
         return "eos" if out[-1] in stop_ids else None
 
     def decide(o: SpecOptions) -> bool:
@@ -162,7 +174,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     if root in stop_ids:
         stop = "eos"
     elif fast:
-        stop = _device_steps(engine, runner, opts, planner, params, out, max_new_tokens, decide, settle)
+        stop = _device_steps(engine, runner, opts, planner, params, out, max_new_tokens, decide, settle, clock)
     while stop == "length" and not fast:
         if len(out) >= max_new_tokens:
             break
@@ -172,7 +184,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             stop = "context"
             break
         ar = decide(opts)
-        t_round = time.perf_counter()
+        t_round = clock()
         if ar:
             new = _ar_keep(runner, drafter, out[-1], params, gen, held)
         else:
@@ -185,9 +197,9 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             res = accept(tree, logits, params, gen)
             root_logp = commit(runner, drafter, res, taps)
             new = res.tokens + [res.bonus]
-        stop = settle("ar" if ar else "spec", new, time.perf_counter() - t_round, opts) or stop
+        stop = settle("ar" if ar else "spec", new, clock() - t_round, opts) or stop
     _sync(runner.device)
-    t2 = time.perf_counter()
+    t2 = clock()
     dec = t2 - t1
     emitted = len(out) - 1
     rounds, ar_steps = n["rounds"], n["ar"]
@@ -208,7 +220,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     return GenResult(out, stats)
 
 
-def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_new_tokens: int, decide, settle) -> str:
+def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_new_tokens: int, decide, settle,
+                  clock=time.perf_counter) -> str:
     """`generate_spec`'s steps on the device engine, each launched before the one in flight is
     finished (the host's read, stop checks and policies overlap the next step; the policies see
     each step one step late). A step is launched only when the text surely needs it, unless the
@@ -222,7 +235,7 @@ def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_
         if ((flight is None or engine.overlap) and len(out) + ahead < max_new_tokens
                 and runner.length + ahead + opts.tree.depth + 2 <= runner.context_limit):
             if flight is None:
-                t_mark = time.perf_counter()
+                t_mark = clock()
             if decide(opts):
                 nxt = engine.launch_ar(params, keep_taps=True, top_k=opts.tree.top_k)
                 nxt["most"] = 1
@@ -234,7 +247,7 @@ def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_
             return "length" if len(out) >= max_new_tokens else "context"
         if flight is not None:
             new = engine.finish(flight)
-            now = time.perf_counter()
+            now = clock()
             reason = settle(flight["kind"], new, now - t_mark, flight["opts"])
             t_mark = now
             if reason is not None:
