@@ -204,6 +204,16 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     pa = json.loads((tmp_path / "spec-cpu.json").read_text())
     assert [s["paired"] for s in pa["summary"]] == [False, True, False, True]
     assert all(r["paired_ar_identical"] for r in pa["rows"] if r["mode"] == "ssv strict")
+    # --lookup 2: the head's tree 2 nodes smaller, a chain of 2 from the context; greedy: ar's tokens
+    succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2", "--lookup", 2, "--prompts", prompts,
+                                             "--families", "code", "--temperatures", 0], capsys)
+    lk = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert {r["mode"] for r in lk["rows"]} == {"ar", "ssv strict lookup 2"}
+    assert all(r["first_diff_vs_ar"] is None for r in lk["rows"])
+    prof = json.loads((tmp_path / "profile-cpu.json").read_text())
+    assert {e["strategy"]["name"]: e["strategy"]["lookup"] for es in prof["entries"] for e in es} == {"ssv strict lookup 2": 2}
+    fails(base + ["--lookup", 6], capsys, "--lookup 6 leaves no head nodes")
+    fails(base + ["--lookup", 2, "--device-round"], capsys, "device round drafts no context lookup")
     # --device-round: the same rows through the DeviceEngine (greedy: the host round's MALs, ar's tokens)
     succeeds(base + ["--prompts", prompts, "--families", "code", "--temperatures", 0, "--device-round"], capsys)
     dr = json.loads((tmp_path / "spec-cpu.json").read_text())

@@ -109,9 +109,10 @@ def family_documents(tok, texts: dict, families, contexts, count: int, aligned: 
     return out
 
 
-def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=()) -> dict:
+def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=(), lookup: int = 0) -> dict:
     """name -> (attention, Strategy). extra_trees add strict modes with other tree shapes, so the
-    planner's profile can rank tree shapes too."""
+    planner's profile can rank tree shapes too. lookup = K adds `ssv strict lookup K`: the head's
+    tree K nodes smaller and a chain of K tokens drafted from the context, the same rows verified."""
     from ssv.spec.planner import Strategy
     table = {
         "sd-naive": ("nsa", Strategy("sd-naive", tree, order, 1)),
@@ -123,12 +124,18 @@ def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=(
     for t in extra_trees:
         name = f"ssv strict tree {t.depth}x{t.top_k}x{t.total_tokens}"
         table[name] = ("nsa", Strategy(name, t, order, group_size))
+    if lookup:
+        if tree.total_tokens - lookup < 1:
+            raise ValueError(f"--lookup {lookup} leaves no head nodes in a tree of {tree.total_tokens}")
+        name = f"ssv strict lookup {lookup}"
+        table[name] = ("nsa", Strategy(name, TreeSpec(tree.depth, tree.top_k, tree.total_tokens - lookup), order,
+                                       group_size, lookup=lookup))
     return table
 
 
-def strategies(tree: TreeSpec, order: str, group_size: int = 4, extra_trees=()) -> dict:
+def strategies(tree: TreeSpec, order: str, group_size: int = 4, extra_trees=(), lookup: int = 0) -> dict:
     """The benchmark's NSA modes as planner strategies (ar and dense attention are not strategies)."""
-    return {name: s for name, (att, s) in modes(tree, order, group_size, extra_trees).items() if att == "nsa"}
+    return {name: s for name, (att, s) in modes(tree, order, group_size, extra_trees, lookup).items() if att == "nsa"}
 
 
 def first_diff(a: list, b: list):
@@ -138,7 +145,7 @@ def first_diff(a: list, b: list):
 def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
               warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1,
-              device_round: bool = False, paired: bool = False) -> list:
+              device_round: bool = False, paired: bool = False, lookup: int = 0) -> list:
     """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
     token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
     family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
@@ -180,7 +187,7 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
         return PairedAr(r, ids, sp, n, seed=seed, engine=engine(r))
     rows = []
     n_layers = model.cfg.n_layers
-    table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees).items()
+    table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees, lookup=lookup).items()
              if not which or name in which}
     first = next((ds[0] for ds in docs.values() if ds), None)
     if warmup and first is not None and contexts:
@@ -294,7 +301,7 @@ def add_args(p) -> None:
     p.add_argument("--tree-tokens", type=int, default=48)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", nargs="+", help="subset of: 'ssv strict', 'ssv approx C16', "
-                   "'ssv approx C16 reuse/2', 'eagle3 dense', 'ssv strict tree DxKxN' (default: all)")
+                   "'ssv approx C16 reuse/2', 'eagle3 dense', 'ssv strict tree DxKxN', 'ssv strict lookup K' (default: all)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of every document, ar and modes in turn; tok/s and speedup are their medians")
     p.add_argument("--warmup", type=int, default=8, help="untimed tokens per mode before measuring (0: none)")
@@ -303,6 +310,9 @@ def add_args(p) -> None:
     p.add_argument("--device-round", action="store_true",
                    help="run ar and every mode on the device-resident round, as `ssv generate` does (no "
                         "fall-back; for the CPU: on CUDA use `ssv bench e2e`, which captures graphs once)")
+    p.add_argument("--lookup", type=int, default=0, metavar="K",
+                   help="also measure 'ssv strict lookup K': K of the tree's nodes drafted from the context "
+                        "(ssv.spec.lookup; greedy host rounds) instead of by the head")
     p.add_argument("--paired", action="store_true",
                    help="time every mode against an ar run stepped between its own steps (the same "
                         "machine state round by round: a noisy VM still gives a ratio); CPU, or no overlap")
@@ -336,6 +346,10 @@ def cmd_bench_spec(args) -> int:
     families = check_families(args.families, texts)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
     extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
+    if args.lookup:
+        if args.device_round:
+            raise ValueError("--lookup runs on the host round: the device round drafts no context lookup")
+        modes(tree, lookup=args.lookup)["ssv strict lookup " + str(args.lookup)][1].options(1)   # bad K fails first
     model, tok = load_model(args.model, args.device)
     drafter = load_drafter(args.draft, model)
     if texts is None:
@@ -360,14 +374,14 @@ def cmd_bench_spec(args) -> int:
                      make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
                      extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats,
-                     device_round=args.device_round, paired=args.paired)
+                     device_round=args.device_round, paired=args.paired, lookup=args.lookup)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature
         t0 = min(temps)
         src = f"ssv bench spec, {args.docs} documents per family ({', '.join(families)})"
         prof = Profile.from_rows([r for r in rows if r["temperature"] == t0],
-                                 strategies(tree, "pos", extra_trees=extra),
+                                 strategies(tree, "pos", extra_trees=extra, lookup=args.lookup),
                                  meta={"env": env, "temperature": t0, "source": src})
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:

@@ -282,6 +282,8 @@ class DeviceEngine:
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
+        if opts.lookup:
+            raise ValueError("the device round drafts no context lookup (SpecOptions.lookup): host rounds only")
         if opts.tree.depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.tree.depth} exceeds the round record's {self.out.numel() - 2}")
         self.catch_up()

@@ -18,6 +18,7 @@ from ssv.attention import StepMeta, VerifyOptions
 from ssv.engine.generate import GenResult, _sync, check_budget, pick_token
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
+from ssv.spec.lookup import attach_chain, chain_of
 from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, flatten, tree_metadata
 
 
@@ -26,24 +27,38 @@ class SpecOptions:
     tree: TreeSpec = field(default_factory=lambda: TreeSpec(depth=6, top_k=8, total_tokens=48))
     order: str = "pos"
     verify: VerifyOptions = field(default_factory=VerifyOptions)
+    # a chain of up to `lookup` tokens drafted from the context beside the head's tree (greedy
+    # rounds on the host; ssv.spec.lookup)
+    lookup: int = 0
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"traversal must be one of {ORDERS}, got {self.order!r}")
-        if self.tree.total_tokens > 128:
-            raise ValueError(f"at most 128 tree tokens are verified at once, got {self.tree.total_tokens}")
+        if not isinstance(self.lookup, int) or not 0 <= self.lookup <= 16:
+            raise ValueError(f"lookup must be an int in [0, 16], got {self.lookup!r}")
+        if self.tree.total_tokens + self.lookup > 128:
+            raise ValueError(f"at most 128 tree tokens are verified at once, got {self.tree.total_tokens}"
+                             + (f" + {self.lookup} looked up" if self.lookup else ""))
         if self.verify.refresh is not None and self.verify.precision == "strict":
             raise ValueError("reusing routing across layers changes NSA's output: it needs --precision approx")
 
     def key(self) -> tuple:
         """What fixes a round's shapes and launches (its graph bucket)."""
         t, v = self.tree, self.verify
-        return (t.depth, t.top_k, t.total_tokens, self.order, v.group_size, v.precision, v.refresh)
+        return (t.depth, t.top_k, t.total_tokens, self.order, v.group_size, v.precision, v.refresh, self.lookup)
+
+    @property
+    def max_depth(self) -> int:
+        """The longest path a round can accept (the head's levels, or the looked-up chain)."""
+        return max(self.tree.depth, self.lookup)
 
 
-def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions) -> tuple:
-    """Grow and flatten a tree. Returns (tree in traversal order, perm)."""
+def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions, chain=()) -> tuple:
+    """Grow and flatten a tree, `chain` (tokens after the root, `ssv.spec.lookup`) attached.
+    Returns (tree in traversal order, perm)."""
     tree = drafter.propose(root, root_logp, opts.tree)
+    if len(chain):
+        tree = attach_chain(tree, list(chain))
     return flatten(tree, opts.order)
 
 
@@ -180,7 +195,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             break
         if planner is not None:
             opts = planner.choose(runner.length)
-        if runner.length + opts.tree.depth + 2 > runner.context_limit:
+        if runner.length + opts.max_depth + 2 > runner.context_limit:
             stop = "context"
             break
         ar = decide(opts)
@@ -192,7 +207,10 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                 root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
                                            torch.tensor([h[1] for h in held]))
                 held.clear()
-            tree, _ = draft(drafter, out[-1], root_logp, opts)
+            # the chain only in greedy rounds: its tokens have no draft distribution to sample by
+            chain = chain_of(torch.tensor(prompt_ids + out), len(prompt_ids) + len(out), opts.lookup) \
+                if opts.lookup and params.greedy else ()
+            tree, _ = draft(drafter, out[-1], root_logp, opts, chain)
             logits, taps = verify(runner, tree, opts, taps=drafter.taps)
             res = accept(tree, logits, params, gen)
             root_logp = commit(runner, drafter, res, taps)

@@ -32,6 +32,7 @@ class Strategy:
     group_size: int = 4
     precision: str = "strict"
     refresh_every: int = 1
+    lookup: int = 0   # a chain drafted from the context beside the tree (SpecOptions.lookup)
 
     def __post_init__(self):
         from ssv.attention import PRECISIONS
@@ -53,7 +54,8 @@ class Strategy:
         from ssv.attention import VerifyOptions
         from ssv.engine.spec import SpecOptions
         return SpecOptions(self.tree, self.order, VerifyOptions(self.group_size, self.precision,
-                                                                VerifyOptions.every(self.refresh_every, n_layers)))
+                                                                VerifyOptions.every(self.refresh_every, n_layers)),
+                           lookup=self.lookup)
 
     def to_json(self) -> dict:
         d = asdict(self)
