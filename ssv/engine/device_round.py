@@ -22,12 +22,23 @@ from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
 from ssv.ops.accept.naive import round_record_naive
+from ssv.spec.lookup import attach_chain_device, context_lookup
 from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
 
 
 def _pkey(params):
     """The sampling parameters as a graph key (None for greedy): they are constants of a graph."""
     return None if params is None or params.greedy else (float(params.temperature), float(params.top_p))
+
+
+def _looks_up(opts, params) -> bool:
+    """Whether a round attaches a chain from the context: greedy rounds only (ssv.spec.lookup)."""
+    return bool(opts.lookup) and (params is None or params.greedy)
+
+
+def _depth(opts, params) -> int:
+    """The longest path the round can accept."""
+    return opts.max_depth if _looks_up(opts, params) else opts.tree.depth
 
 
 def _where(e: BaseException) -> str:
@@ -54,6 +65,10 @@ class DeviceEngine:
             raise ValueError("CUDA graphs need a CUDA device (use graphs=False / --eager)")
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)   # the next input token / the round's root
         self.out = torch.zeros(64, dtype=torch.long, device=dev)  # [accepted n, emitted tokens...]
+        # the text's tokens by position (the root at the committed length), for rounds that draft
+        # from the context (SpecOptions.lookup); set by `start(history=)`
+        self.hist = torch.zeros(runner.cache.max_len + runner.cache.scratch + 1, dtype=torch.long, device=dev)
+        self._hist_ready = False
         # sampling: uniforms drawn into static buffers before each replay (outside the graphs, so a
         # graph is the same function of its inputs whatever the seed)
         self.gen = torch.Generator(device=dev)
@@ -98,6 +113,7 @@ class DeviceEngine:
         else:
             nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
         cache.commit_device(self._root, self._one, kernel=self.kernels)
+        self.hist.index_copy_(0, cache.dlen.long().clamp(max=self.hist.numel() - 1), nxt)
         if keep_taps:
             self.ring.write(taps, nxt)
         self.out[:1].fill_(1)
@@ -106,19 +122,24 @@ class DeviceEngine:
 
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
-    def _draft_body(self, opts, io: dict) -> None:
+    def _draft_body(self, opts, io: dict, params=None) -> None:
         cache, dr, spec = self.runner.cache, self.drafter, opts.tree
         io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
                                                       cache.dlen, ids=dr.vocab_ids)
+        if _looks_up(opts, params):
+            toks, valid = context_lookup(self.hist, cache.dlen.long() + 1, opts.lookup)
+            io["tree"], io["mask"], io["pos"] = attach_chain_device(io["tree"], io["mask"], io["pos"], toks, valid)
 
-    def _verify_body(self, opts, io: dict) -> None:
+    def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model
-        plan = self._plan(("spec", opts.key()), opts.tree.total_tokens, opts.verify)
+        T = opts.tree.total_tokens + (opts.lookup if _looks_up(opts, params) else 0)
+        plan = self._plan(("spec", opts.key(), _looks_up(opts, params)), T, opts.verify)
         plan.plan(cache.dlen, io["pos"], io["mask"])
         io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self.drafter.taps)
 
     def _accept_body(self, opts, io: dict, params=None) -> None:
-        cache, dr, D = self.runner.cache, self.drafter, opts.tree.depth
+        cache, dr, D = self.runner.cache, self.drafter, _depth(opts, params)
+        after = cache.dlen.long() + 1 + torch.arange(D + 1, device=self.hist.device)   # the path's next tokens' positions
         flat = io["tree"]
         # the record (accepted count, the token after each path row) and the next root are written
         # where the host and the next round read them; greedy: by the walk's own launch
@@ -132,20 +153,22 @@ class DeviceEngine:
             nxt.copy_(after)
             self.tok.copy_(bonus)
         cache.commit_device(path, n, kernel=self.kernels)
+        # past the accepted count the writes land beyond the text's end: never read
+        self.hist.index_copy_(0, after.clamp(max=self.hist.numel() - 1), nxt)
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
 
     def _spec_phases(self, opts, params=None):
         key = (opts.key(), _pkey(params))
         io = self._io.setdefault(key, {})
-        return [(("draft", key), lambda: self._draft_body(opts, io)),
-                (("verify", key), lambda: self._verify_body(opts, io)),
+        return [(("draft", key), lambda: self._draft_body(opts, io, params)),
+                (("verify", key), lambda: self._verify_body(opts, io, params)),
                 (("accept", key), lambda: self._accept_body(opts, io, params))], io
 
     # ------------------------------------------------------------------ graphs
     def _state(self):
         c, d = self.runner.cache, self.drafter
-        parts = [c.dlen, self.tok]
+        parts = [c.dlen, self.tok, self.hist]
         if d is not None:
             parts += [d.dlen, d.slot_pos, d.hid_buf, d.dlogp_buf]
             parts += [t for t in (getattr(d, "k", None), getattr(d, "v", None)) if isinstance(t, torch.Tensor)]
@@ -228,10 +251,16 @@ class DeviceEngine:
         self._pool = None
 
     # ------------------------------------------------------------------ rounds
-    def start(self, token: int, seed: int = 0) -> None:
+    def start(self, token: int, seed: int = 0, history=None) -> None:
         """After a host prefill: hand the committed lengths and the first token to the device; seed
-        the round's coins."""
+        the round's coins. history: the prompt's tokens (rounds with a context lookup need them)."""
         self.runner.cache.sync_device()
+        self._hist_ready = history is not None
+        if history is not None:
+            if len(history) != self.runner.cache.length:
+                raise ValueError(f"history has {len(history)} tokens, the cache holds {self.runner.cache.length}")
+            self.hist[:len(history)] = torch.as_tensor(history, dtype=torch.long)
+            self.hist[len(history)] = int(token)
         if self.ring is not None:   # an earlier generation may have ended inside an AR burst
             self.ring.discard()
         self.tok.fill_(int(token))
@@ -282,10 +311,14 @@ class DeviceEngine:
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
-        if opts.lookup:
-            raise ValueError("the device round drafts no context lookup (SpecOptions.lookup): host rounds only")
-        if opts.tree.depth + 2 > self.out.numel():
-            raise ValueError(f"tree depth {opts.tree.depth} exceeds the round record's {self.out.numel() - 2}")
+        if _looks_up(opts, params):
+            if self.runner.device.type == "cuda":
+                raise ValueError("a context lookup (SpecOptions.lookup) runs on the CPU's device round and "
+                                 "the host round; the CUDA round's kernels are not validated with it yet")
+            if not self._hist_ready:
+                raise ValueError("a context lookup needs the prompt's tokens: start(..., history=prompt)")
+        if _depth(opts, params) + 2 > self.out.numel():
+            raise ValueError(f"tree depth {_depth(opts, params)} exceeds the round record's {self.out.numel() - 2}")
         self.catch_up()
         phases, io = self._spec_phases(opts, params)
         if _pkey(params) is not None:
@@ -293,7 +326,7 @@ class DeviceEngine:
             if "coins" not in io:
                 io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
             torch.rand((T, k + 1), generator=self.gen, device=self.coin.device, out=io["coins"])
-        return self._record(phases, opts.tree.depth + 2, "spec")
+        return self._record(phases, _depth(opts, params) + 2, "spec")
 
     def finish(self, t: dict) -> list:
         """Wait for a launched step's record (its one device-to-host read); the host's lengths follow.

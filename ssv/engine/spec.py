@@ -135,7 +135,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         if engine.runner is not runner or engine.drafter is not drafter:
             raise ValueError("the device engine belongs to another runner or drafter")
         # the engine's coins from a seed the host generator draws: never the host's own stream
-        engine.start(root, int(torch.randint(2 ** 62, (1,), generator=gen)))
+        engine.start(root, int(torch.randint(2 ** 62, (1,), generator=gen)), history=prompt_ids)
     if prime and drafter.agreement is not None:
         fallback.prime(*drafter.agreement, opts.tree.depth)
     _sync(runner.device)
@@ -251,7 +251,7 @@ def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_
         ahead = flight["most"] if flight is not None else 0   # tokens the step in flight may add
         nxt = None
         if ((flight is None or engine.overlap) and len(out) + ahead < max_new_tokens
-                and runner.length + ahead + opts.tree.depth + 2 <= runner.context_limit):
+                and runner.length + ahead + opts.max_depth + 2 <= runner.context_limit):
             if flight is None:
                 t_mark = clock()
             if decide(opts):
@@ -259,7 +259,7 @@ def _device_steps(engine, runner: Runner, opts, planner, params, out: list, max_
                 nxt["most"] = 1
             else:
                 nxt = engine.launch_spec(opts, params)
-                nxt["most"] = opts.tree.depth + 1
+                nxt["most"] = opts.max_depth + 1
             nxt["opts"] = opts
         elif flight is None:
             return "length" if len(out) >= max_new_tokens else "context"

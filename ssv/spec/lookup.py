@@ -69,3 +69,43 @@ def chain_of(hist: torch.Tensor, length: int, k: int) -> list:
     """The host's chain: `context_lookup`'s valid tokens as a list."""
     toks, valid = context_lookup(hist, length, k)
     return toks[valid].tolist()
+
+
+def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor, valid: torch.Tensor):
+    """`attach_chain` in fixed shapes, on a flattened `DeviceTree` with its ancestor mask [T, T] and
+    positions [T] (`grow_flat`'s): always K = toks.numel() nodes more. The chain's prefix the tree
+    holds is walked as greedy acceptance would walk it; the rest of the valid chain hangs under
+    the last node reached. Slots left over (a prefix held, a short or no proposal) become dead
+    nodes: a copy of the root's child at index 1 under the root, scored -inf, which acceptance
+    never follows (it takes the higher-scored copy first). Returns (tree, mask, pos) of T + K nodes."""
+    from ssv.spec.device import DeviceTree
+    T, K, dev = tree.n, toks.numel(), toks.device
+    if T < 2:
+        raise ValueError("a looked-up chain needs a tree of >= 2 nodes (its dead slots copy a child of the root)")
+    idx = torch.arange(T, device=dev)
+    cur = torch.zeros(1, dtype=torch.long, device=dev)
+    alive = torch.ones(1, dtype=torch.bool, device=dev)
+    held = torch.zeros(1, dtype=torch.long, device=dev)
+    for i in range(K):   # the walk of ssv.ops.accept's greedy walk, along the chain's tokens
+        hit = (tree.parents == cur) & (tree.tokens == toks[i]) & alive & valid[i]
+        cand = torch.where(hit, tree.scores, float("-inf"))
+        first = torch.where(hit & (cand == cand.max()), idx, T).min().reshape(1)
+        found = first < T
+        cur = torch.where(found, first, cur)
+        held = held + found.long()
+        alive = alive & found
+    j = torch.arange(K, device=dev)
+    src = (held + j).clamp(max=K - 1)
+    real = (held + j < K) & valid[src]
+    own = T + j
+    parents = torch.where(real, torch.where(j == 0, cur, own - 1), 0)
+    tokens = torch.where(real, toks[src], tree.tokens[1])
+    depth = torch.where(real, tree.depth[cur] + 1 + j, 1)
+    scores = torch.where(real, tree.scores[cur] + CHAIN_SCORE * (j + 1).float(), float("-inf"))
+    full = torch.zeros(T + K, T + K, dtype=torch.bool, device=dev)
+    full[:T, :T] = mask
+    for i in range(K):   # a node sees its parent's ancestors and itself (parents come first)
+        full[T + i] = full.index_select(0, parents[i:i + 1])[0] | (torch.arange(T + K, device=dev) == T + i)
+    out = DeviceTree(torch.cat([tree.tokens, tokens]), torch.cat([tree.parents, parents]),
+                     torch.cat([tree.scores, scores.to(tree.scores.dtype)]), torch.cat([tree.depth, depth]))
+    return out, full, torch.cat([pos, pos[:1] + depth])

@@ -11,7 +11,7 @@ from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.accept import SamplingParams, accept_greedy
-from ssv.spec.lookup import NGRAMS, attach_chain, context_lookup
+from ssv.spec.lookup import NGRAMS, attach_chain, attach_chain_device, context_lookup
 from ssv.spec.tree import DraftTree, TreeSpec
 
 from tests.draft.helpers import tiny_head, tiny_target
@@ -126,6 +126,76 @@ def test_lookup_options_are_checked(models):
     assert SpecOptions(TreeSpec(2, 2, 4), lookup=6).key() != SpecOptions(TreeSpec(2, 2, 4)).key()
     target, drafter = models
     r = Runner(target, attention="nsa", nsa=NSA)
-    with pytest.raises(ValueError, match="device round drafts no context lookup"):
-        generate_spec(r, drafter, repetitive(), SamplingParams(), 8, SpecOptions(TreeSpec(2, 2, 4), lookup=4),
-                      engine=DeviceEngine(r, drafter))
+    eng = DeviceEngine(r, drafter)
+    r.reset(), drafter.reset()
+    r.prefill(repetitive()[:-1])
+    eng.start(3)                                   # no history: a lookup round cannot run
+    with pytest.raises(ValueError, match="needs the prompt's tokens"):
+        eng.launch_spec(SpecOptions(TreeSpec(2, 2, 4), lookup=4))
+    with pytest.raises(ValueError, match="history has 3 tokens, the cache holds 59"):
+        eng.start(3, history=[1, 2, 3])
+
+
+@pytest.mark.parametrize("order", ["pos", "bfs", "dfs"])
+def test_the_device_round_with_lookup_matches_the_host_round(models, order):
+    """The CPU's device round (fixed shapes, the chain attached by attach_chain_device): greedy, ar's
+    tokens and the host round's rounds; sampled, the same as without the chain."""
+    target, drafter = models
+    ids, n = repetitive(), 40
+    opts = SpecOptions(TreeSpec(2, 2, 4), order, lookup=6)
+    runner = Runner(target, attention="nsa", nsa=NSA)
+    ar = generate_ar(runner, ids, SamplingParams(), n)
+    host = generate_spec(runner, drafter, ids, SamplingParams(), n, opts)
+    dev = generate_spec(runner, drafter, ids, SamplingParams(), n, opts, engine=DeviceEngine(runner, drafter))
+    assert dev.token_ids == host.token_ids == ar.token_ids
+    assert dev.stats["rounds"] == host.stats["rounds"] and dev.stats["acceptance_by_depth"] == host.stats["acceptance_by_depth"]
+    sp = SamplingParams(temperature=0.9)
+    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 2, 4), order, lookup=k), seed=2,
+                          engine=DeviceEngine(runner, drafter)) for k in (0, 6)]
+    assert runs[0].token_ids == runs[1].token_ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 6), st.sampled_from(["pos", "dfs"]))
+def test_attach_chain_device_accepts_what_the_host_tree_accepts(seed, k, order):
+    """Random trees over a 5-token vocabulary (duplicate siblings included) and random chains: the
+    greedy walk over the fixed-shape tree takes the host-attached tree's tokens, for logits that
+    follow the chain, a tree path, or neither."""
+    from ssv.ops.accept.naive import accept_greedy_walk_naive
+    from ssv.spec.device import DeviceTree, flatten_device_masked
+    g = torch.Generator().manual_seed(seed)
+    T = int(torch.randint(2, 12, (1,), generator=g))
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    tokens = torch.randint(0, 5, (T,), generator=g)
+    scores = -torch.rand(T, generator=g) * 5
+    scores[0] = 0.0
+    host = DraftTree(tokens, torch.tensor(parents), scores)
+    depth = host.depth
+    dt = DeviceTree(tokens, torch.tensor(parents), scores, depth)
+    spec = TreeSpec(max(1, int(depth.max())), 16, T)
+    flat, perm, mask = flatten_device_masked(dt, order, spec)
+    chain = torch.randint(0, 5, (k,), generator=g)
+    n_valid = int(torch.randint(0, k + 1, (1,), generator=g))
+    valid = torch.arange(k) < n_valid
+    pos = 100 + flat.depth
+    full, fmask, fpos = attach_chain_device(flat, mask, pos, chain, valid)
+    assert full.n == T + k and fmask.shape == (T + k, T + k)
+    want_tree = attach_chain(DraftTree(flat.tokens, flat.parents, flat.scores), chain[:n_valid].tolist())
+    assert bool((fpos == 100 + full.depth).all())
+    from ssv.spec.device import ancestor_mask
+    assert torch.equal(fmask, ancestor_mask(full.parents, int(full.depth.max())))
+    D = int(full.depth.max())
+    for trial in range(4):
+        logits = torch.randn(T + k, 5, generator=g)
+        if trial % 2 == 0:   # follow the chain from its attachment: the target agrees with it
+            for i in range(T, T + k):
+                p = int(full.parents[i])
+                logits[p, int(full.tokens[i])] += 10.0
+        got_path, got_len, got_bonus = accept_greedy_walk_naive(full.parents, full.tokens, full.scores,
+                                                                logits.argmax(-1), D)
+        got = [int(full.tokens[i]) for i in got_path[1:int(got_len)]] + [int(got_bonus)]
+        # the host tree's node j: the device tree's node j (the same order, dead slots left out)
+        real = [0] + [i for i in range(1, T + k) if i < T or full.scores[i] > float("-inf")]
+        hl = logits[real]
+        res = accept_greedy(want_tree, hl)
+        assert got == res.tokens + [res.bonus]
