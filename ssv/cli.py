@@ -78,6 +78,9 @@ def _check_generate(args) -> tuple:
     text, profile = _prompt_text(args), None
     if args.mode != "ar":
         _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
+        if args.lookup and args.device == "cuda" and not (args.host_round or args.record_routing):
+            raise ValueError("--lookup on CUDA needs --host-round: the CUDA round's kernels are not validated "
+                             "with a looked-up chain yet")
         if args.draft != "default":
             from ssv.draft.io import read_config
             read_config(args.draft)
@@ -209,7 +212,7 @@ def _spec_options(args, n_layers: int):
     else:
         verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
                                refresh=VerifyOptions.every(args.refresh_every, n_layers))
-    return SpecOptions(tree=tree, order=args.traversal, verify=verify)
+    return SpecOptions(tree=tree, order=args.traversal, verify=verify, lookup=args.lookup)
 
 
 def _spec_setup(args, model):
@@ -282,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--tree-tokens", type=int, help=f"nodes verified per round, root included; default "
                     f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: 3 or 4, by how its BLAS prices 4 rows)")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
+    sd.add_argument("--lookup", type=int, default=0, metavar="K",
+                    help="also verify a chain of up to K tokens drafted from the text itself (the tokens after "
+                         "the latest earlier occurrence of its last 2-4 tokens); greedy only, output unchanged")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,

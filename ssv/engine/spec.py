@@ -143,7 +143,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     out, stop = [root], "length"
     n = {"rounds": 0, "ar": 0}
     held = []   # the host fall-back's AR rows owed to the drafter
-    depth_hits = [0] * ((opts.tree.depth if opts is not None else 0) + 1)
+    depth_hits = [0] * ((opts.max_depth if opts is not None else 0) + 1)
 
     def settle(kind: str, new: list, dt: float, o: SpecOptions):
         """A finished step's tokens into `out` and the policies; "eos" when it ended the text."""
@@ -163,7 +163,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
             if planner is not None:
                 planner.observe(len(new))
             # the spec's depth, or more: a drafter may exceed it
-            depth_hits.extend([0] * (max(len(new), o.tree.depth + 1) - len(depth_hits)))
+            depth_hits.extend([0] * (max(len(new), o.max_depth + 1) - len(depth_hits)))
             for d in range(1, len(new)):
                 depth_hits[d] += 1
             for t in new:
