@@ -213,7 +213,11 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     prof = json.loads((tmp_path / "profile-cpu.json").read_text())
     assert {e["strategy"]["name"]: e["strategy"]["lookup"] for es in prof["entries"] for e in es} == {"ssv strict lookup 2": 2}
     fails(base + ["--lookup", 6], capsys, "--lookup 6 leaves no head nodes")
-    fails(base + ["--lookup", 2, "--device-round"], capsys, "device round drafts no context lookup")
+    succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2", "--lookup", 2, "--prompts", prompts,
+                                             "--families", "code", "--temperatures", 0, "--device-round"], capsys)
+    dl = json.loads((tmp_path / "spec-cpu.json").read_text())   # the CPU's device round: the host round's rows
+    assert [(r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in dl["rows"]] == [
+        (r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in lk["rows"]]
     # --device-round: the same rows through the DeviceEngine (greedy: the host round's MALs, ar's tokens)
     succeeds(base + ["--prompts", prompts, "--families", "code", "--temperatures", 0, "--device-round"], capsys)
     dr = json.loads((tmp_path / "spec-cpu.json").read_text())

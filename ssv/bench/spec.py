@@ -312,7 +312,7 @@ def add_args(p) -> None:
                         "fall-back; for the CPU: on CUDA use `ssv bench e2e`, which captures graphs once)")
     p.add_argument("--lookup", type=int, default=0, metavar="K",
                    help="also measure 'ssv strict lookup K': K of the tree's nodes drafted from the context "
-                        "(ssv.spec.lookup; greedy host rounds) instead of by the head")
+                        "(ssv.spec.lookup; greedy rounds) instead of by the head")
     p.add_argument("--paired", action="store_true",
                    help="time every mode against an ar run stepped between its own steps (the same "
                         "machine state round by round: a noisy VM still gives a ratio); CPU, or no overlap")
@@ -347,8 +347,8 @@ def cmd_bench_spec(args) -> int:
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
     extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
     if args.lookup:
-        if args.device_round:
-            raise ValueError("--lookup runs on the host round: the device round drafts no context lookup")
+        if args.device_round and args.device == "cuda":
+            raise ValueError("--lookup on CUDA runs on the host round: the CUDA round is not validated with it")
         modes(tree, lookup=args.lookup)["ssv strict lookup " + str(args.lookup)][1].options(1)   # bad K fails first
     model, tok = load_model(args.model, args.device)
     drafter = load_drafter(args.draft, model)
