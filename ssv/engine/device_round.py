@@ -22,8 +22,9 @@ from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
 from ssv.ops.accept.naive import round_record_naive
-from ssv.spec.lookup import attach_chain_device, context_lookup
-from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
+from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, grow_pool, sample_device
+from ssv.spec.lookup import attach_chain_device, context_lookup, grow_spares
+from ssv.spec.tree import TreeSpec
 
 
 def _pkey(params):
@@ -124,11 +125,17 @@ class DeviceEngine:
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
     def _draft_body(self, opts, io: dict, params=None) -> None:
         cache, dr, spec = self.runner.cache, self.drafter, opts.tree
-        io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
-                                                      cache.dlen, ids=dr.vocab_ids)
-        if _looks_up(opts, params):
-            toks, valid = context_lookup(self.hist, cache.dlen.long() + 1, opts.lookup)
-            io["tree"], io["mask"], io["pos"] = attach_chain_device(io["tree"], io["mask"], io["pos"], toks, valid)
+        if not _looks_up(opts, params):
+            io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
+                                                          cache.dlen, ids=dr.vocab_ids)
+            return
+        # the head grows K spares more; the chain looked up takes the place of as many as it needs
+        K = opts.lookup
+        pool = grow_pool(dr.expand_rows, self.tok[0], dr.dlogp_buf,
+                         TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids=dr.vocab_ids)
+        flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, cache.dlen)
+        toks, valid = context_lookup(self.hist, cache.dlen.long() + 1, K)
+        io["tree"], io["mask"], io["pos"] = attach_chain_device(flat, mask, pos, spare, toks, valid)
 
     def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model

@@ -39,6 +39,10 @@ class SpecOptions:
         if self.tree.total_tokens + self.lookup > 128:
             raise ValueError(f"at most 128 tree tokens are verified at once, got {self.tree.total_tokens}"
                              + (f" + {self.lookup} looked up" if self.lookup else ""))
+        if self.tree.total_tokens + self.lookup > self.tree.max_nodes:
+            raise ValueError(f"a lookup of {self.lookup} takes the place of the head's spare nodes: a tree of "
+                             f"{self.tree.total_tokens} + {self.lookup} needs a larger pool than depth "
+                             f"{self.tree.depth} and top-k {self.tree.top_k} grow ({self.tree.max_nodes} nodes)")
         if self.verify.refresh is not None and self.verify.precision == "strict":
             raise ValueError("reusing routing across layers changes NSA's output: it needs --precision approx")
 
@@ -53,13 +57,15 @@ class SpecOptions:
         return max(self.tree.depth, self.lookup)
 
 
-def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions, chain=()) -> tuple:
-    """Grow and flatten a tree, `chain` (tokens after the root, `ssv.spec.lookup`) attached.
-    Returns (tree in traversal order, perm)."""
-    tree = drafter.propose(root, root_logp, opts.tree)
-    if len(chain):
-        tree = attach_chain(tree, list(chain))
-    return flatten(tree, opts.order)
+def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions, chain=None) -> tuple:
+    """Grow and flatten a tree. chain (a greedy round with opts.lookup = K; tokens after the root,
+    `ssv.spec.lookup`): the head grows K nodes more and the chain takes the place of as many of its
+    lowest-ranked ones as it needs. Returns (tree in traversal order, perm)."""
+    if chain is None:
+        return flatten(drafter.propose(root, root_logp, opts.tree), opts.order)
+    t = opts.tree
+    tree = drafter.propose(root, root_logp, TreeSpec(t.depth, t.top_k, t.total_tokens + opts.lookup))
+    return flatten(attach_chain(tree, list(chain), opts.lookup), opts.order)
 
 
 def verify(runner: Runner, tree: DraftTree, opts: SpecOptions, taps=()):
@@ -209,7 +215,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                 held.clear()
             # the chain only in greedy rounds: its tokens have no draft distribution to sample by
             chain = chain_of(torch.tensor(prompt_ids + out), len(prompt_ids) + len(out), opts.lookup) \
-                if opts.lookup and params.greedy else ()
+                if opts.lookup and params.greedy else None
             tree, _ = draft(drafter, out[-1], root_logp, opts, chain)
             logits, taps = verify(runner, tree, opts, taps=drafter.taps)
             res = accept(tree, logits, params, gen)

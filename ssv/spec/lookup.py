@@ -7,7 +7,9 @@ head's first choice is right 50% (`scripts/lookup_probe_cpu.py`). The head canno
 it has no row for; a lookup can, at the cost of K more verified rows.
 
 `context_lookup` works on a fixed buffer in fixed shapes (no host read: a graphed round can run it);
-`attach_chain` puts its proposal into a host `DraftTree` beside the head's nodes. A chain node's
+`attach_chain` puts its proposal into a host `DraftTree` in the place of the head's lowest-ranked
+nodes (`attach_chain_device` and `grow_spares` in fixed shapes): a round without a proposal verifies
+the head's whole tree, one with a proposal gives up only as many of its nodes as the chain needs. A chain node's
 token is verified like any other, so greedy strict output is unchanged; sampled rounds do not use
 the chain (its tokens have no draft distribution for the lossless rule).
 """
@@ -18,7 +20,6 @@ import torch
 from ssv.spec.tree import DraftTree
 
 NGRAMS = (2, 4)   # the suffix lengths tried, the longest found wins
-CHAIN_SCORE = -30.0   # a chain node's score below its parent's: it ranks after the head's siblings
 
 
 def context_lookup(hist: torch.Tensor, length, k: int, ngrams: tuple = NGRAMS):
@@ -45,24 +46,44 @@ def context_lookup(hist: torch.Tensor, length, k: int, ngrams: tuple = NGRAMS):
     return hist[pos.clamp(0, S - 1)], valid
 
 
-def attach_chain(tree: DraftTree, chain: list) -> DraftTree:
-    """`tree` with the chain of tokens `chain` under its root: the chain's prefix that the tree already
-    holds (the child greedy acceptance would follow, `sorted_children`) is reused, and the rest hangs
-    as new nodes under the last node reused. Nodes keep their indices; new ones come after."""
+def attach_chain(tree: DraftTree, chain: list, slots: int) -> DraftTree:
+    """The head's tree of T + slots nodes with `chain` (<= slots tokens after the root) in its last
+    `slots` places. The head's `slots` lowest-ranked nodes (score, then index: the kept set's order)
+    are spares: the chain's prefix that the other T nodes hold is walked as greedy acceptance walks
+    it (`sorted_children`), the rest (r tokens) hangs under the last node reached, and the r
+    lowest-ranked spares give way. A chain node scores its parent's score: it comes first among its
+    siblings, so acceptance prefers it to a spare with its token. Returns T + slots nodes: main
+    nodes, chain, spares, parents first (a spare's parent ranks before it)."""
+    n = tree.n
+    if not 0 <= len(chain) <= slots < n:
+        raise ValueError(f"attach_chain: a chain of {len(chain)} in {slots} slots of a {n}-node tree")
     tokens, parents, scores = tree.tokens.tolist(), tree.parents.tolist(), tree.scores.tolist()
-    at, i = 0, 0
-    while i < len(chain):
-        nxt = next((c for c in tree.sorted_children(at) if tokens[c] == chain[i]), None)
+    ranked = sorted(range(1, n), key=lambda i: (-scores[i], i))
+    spares = ranked[n - 1 - slots:]
+    main = [i for i in range(n) if i not in set(spares)]
+    kids = {}
+    for i in main[1:]:
+        kids.setdefault(parents[i], []).append(i)
+    at, held = 0, 0
+    while held < len(chain):
+        nxt = next((c for c in sorted(kids.get(at, ()), key=lambda c: (-scores[c], c)) if tokens[c] == chain[held]),
+                   None)
         if nxt is None:
             break
-        at, i = nxt, i + 1
-    for t in chain[i:]:
-        tokens.append(int(t))
-        parents.append(at)
-        scores.append(scores[at] + CHAIN_SCORE)
-        at = len(tokens) - 1
-    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                     torch.tensor(scores, dtype=torch.float32))
+        at, held = nxt, held + 1
+    new = {old: i for i, old in enumerate(main)}
+    t2, p2, s2 = [tokens[i] for i in main], [-1] + [new[parents[i]] for i in main[1:]], [scores[i] for i in main]
+    for j, t in enumerate(chain[held:]):
+        t2.append(int(t))
+        p2.append(new[at] if j == 0 else len(t2) - 2)
+        s2.append(scores[at])
+    for old in spares[:slots - (len(chain) - held)]:
+        new[old] = len(t2)
+        t2.append(tokens[old])
+        p2.append(new[parents[old]])
+        s2.append(scores[old])
+    return DraftTree(torch.tensor(t2, dtype=torch.long), torch.tensor(p2, dtype=torch.long),
+                     torch.tensor(s2, dtype=torch.float32))
 
 
 def chain_of(hist: torch.Tensor, length: int, k: int) -> list:
@@ -71,17 +92,15 @@ def chain_of(hist: torch.Tensor, length: int, k: int) -> list:
     return toks[valid].tolist()
 
 
-def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor, valid: torch.Tensor):
-    """`attach_chain` in fixed shapes, on a flattened `DeviceTree` with its ancestor mask [T, T] and
-    positions [T] (`grow_flat`'s): always K = toks.numel() nodes more. The chain's prefix the tree
-    holds is walked as greedy acceptance would walk it; the rest of the valid chain hangs under
-    the last node reached. Slots left over (a prefix held, a short or no proposal) become dead
-    nodes: a copy of the root's child at index 1 under the root, scored -inf, which acceptance
-    never follows (it takes the higher-scored copy first). Returns (tree, mask, pos) of T + K nodes."""
+def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, spare, toks: torch.Tensor, valid: torch.Tensor):
+    """`attach_chain` in fixed shapes, on a flattened `DeviceTree` of T nodes with its ancestor mask
+    [T, T] and positions [T] (`grow_flat`'s) and the K spares after it (`grow_spares`: a DeviceTree
+    whose parents index the T nodes or, as T + i, spare i). The valid chain's prefix the tree holds
+    is walked as the greedy walk would; the rest (r tokens) takes slots T..T + r - 1 under the last
+    node reached, and spares 0..K - r - 1 take the slots after it. Returns (tree, mask, pos) of
+    T + K nodes, parents first."""
     from ssv.spec.device import DeviceTree
     T, K, dev = tree.n, toks.numel(), toks.device
-    if T < 2:
-        raise ValueError("a looked-up chain needs a tree of >= 2 nodes (its dead slots copy a child of the root)")
     idx = torch.arange(T, device=dev)
     cur = torch.zeros(1, dtype=torch.long, device=dev)
     alive = torch.ones(1, dtype=torch.bool, device=dev)
@@ -95,17 +114,46 @@ def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, toks: torch
         held = held + found.long()
         alive = alive & found
     j = torch.arange(K, device=dev)
+    real = (held + j < K) & valid[(held + j).clamp(max=K - 1)]
+    r = real.sum().reshape(1)
+    chain = j < r
     src = (held + j).clamp(max=K - 1)
-    real = (held + j < K) & valid[src]
-    own = T + j
-    parents = torch.where(real, torch.where(j == 0, cur, own - 1), 0)
-    tokens = torch.where(real, toks[src], tree.tokens[1])
-    depth = torch.where(real, tree.depth[cur] + 1 + j, 1)
-    scores = torch.where(real, tree.scores[cur] + CHAIN_SCORE * (j + 1).float(), float("-inf"))
+    sp = (j - r).clamp(min=0)                                        # the spare a slot holds
+    sp_par = spare.parents[sp]
+    parents = torch.where(chain, torch.where(j == 0, cur, T + j - 1), torch.where(sp_par >= T, sp_par + r, sp_par))
+    tokens = torch.where(chain, toks[src], spare.tokens[sp])
+    depth = torch.where(chain, tree.depth[cur] + 1 + j, spare.depth[sp])
+    scores = torch.where(chain, tree.scores[cur], spare.scores[sp].to(tree.scores.dtype))
     full = torch.zeros(T + K, T + K, dtype=torch.bool, device=dev)
     full[:T, :T] = mask
+    cols = torch.arange(T + K, device=dev)
     for i in range(K):   # a node sees its parent's ancestors and itself (parents come first)
-        full[T + i] = full.index_select(0, parents[i:i + 1])[0] | (torch.arange(T + K, device=dev) == T + i)
+        full[T + i] = full.index_select(0, parents[i:i + 1])[0] | (cols == T + i)
     out = DeviceTree(torch.cat([tree.tokens, tokens]), torch.cat([tree.parents, parents]),
-                     torch.cat([tree.scores, scores.to(tree.scores.dtype)]), torch.cat([tree.depth, depth]))
+                     torch.cat([tree.scores, scores]), torch.cat([tree.depth, depth]))
     return out, full, torch.cat([pos, pos[:1] + depth])
+
+
+def grow_spares(tok, par, score, T: int, K: int, k: int, order: str, spec_depth: int, dlen):
+    """A grown pool's (`ssv.spec.device.grow_pool`) kept tree of T nodes, flattened in `order` with
+    its mask and positions (what `grow_flat` gives), and the next K candidates by rank (score, then
+    pool index: `_kept`'s order) as spares (a DeviceTree; parents index the flattened T nodes or,
+    as T + i, spare i: a spare's parent ranks before it). The tensor form (the CPU's)."""
+    from ssv.spec.device import DeviceTree, _kept, _stable_top, flatten_device_masked
+    from ssv.spec.tree import TreeSpec
+    M, dev = tok.numel(), tok.device
+    kept_tree = _kept(tok, par, score, T, k)
+    flat, perm, mask = flatten_device_masked(kept_tree, order, TreeSpec(spec_depth, k, T))
+    kept = torch.zeros(1, dtype=torch.long, device=dev)
+    if T > 1:
+        kept = torch.cat([kept, _stable_top(score[1:], T - 1, by_index=True)[1] + 1])
+    ranked = _stable_top(score[1:], T + K - 1)[1] + 1                  # descending rank
+    spares = ranked[T - 1:]
+    where = torch.full((M,), -1, dtype=torch.long, device=dev)
+    where[kept[perm]] = torch.arange(T, device=dev)
+    where[spares] = T + torch.arange(K, device=dev)
+    depth = torch.where(spares <= k, 1, 2 + (spares - 1 - k).clamp_min(0) // (k * k))
+    spare = DeviceTree(tok[spares], where[par[spares]], score[spares].float(), depth)
+    return flat, mask, dlen.long() + flat.depth, spare
+
+

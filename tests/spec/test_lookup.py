@@ -11,7 +11,7 @@ from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.accept import SamplingParams, accept_greedy
-from ssv.spec.lookup import NGRAMS, attach_chain, attach_chain_device, context_lookup
+from ssv.spec.lookup import NGRAMS, attach_chain, attach_chain_device, context_lookup, grow_spares
 from ssv.spec.tree import DraftTree, TreeSpec
 
 from tests.draft.helpers import tiny_head, tiny_target
@@ -60,26 +60,31 @@ def tree(tokens, parents, scores):
     return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float32))
 
 
-def test_attach_chain_reuses_the_path_greedy_acceptance_would_follow():
-    #      0(root)
-    #     /      \
-    #   1:a(-1)  2:a(-2)     two children with token a: acceptance follows node 1 (higher score)
+def test_attach_chain_takes_the_place_of_the_lowest_ranked_nodes():
+    #          0 (root, token 9)
+    #       /      |       \
+    #   1:a(-1)  2:a(-2)  3:c(-3)     two children with token a: acceptance follows node 1 (higher score)
     #   |
-    #   3:b
-    t = tree([9, 10, 10, 11], [-1, 0, 0, 1], [0.0, -1.0, -2.0, -1.5])
-    out = attach_chain(t, [10, 11, 12, 13])
-    assert out.tokens.tolist() == [9, 10, 10, 11, 12, 13]
-    assert out.parents.tolist() == [-1, 0, 0, 1, 3, 4]
-    assert out.scores[4] < out.scores[3] and out.scores[5] < out.scores[4]
-    assert attach_chain(t, [10, 11]).n == 4                        # held already: nothing added
-    fresh = attach_chain(t, [7, 8])                                # no prefix held: under the root
-    assert fresh.parents.tolist()[4:] == [0, 4] and fresh.tokens.tolist()[4:] == [7, 8]
-    # the target continues a, b, c, d, then e: the chain's nodes are accepted, the bonus is e
+    #   4:b(-1.5)
+    t = tree([9, 10, 10, 12, 11], [-1, 0, 0, 0, 1], [0.0, -1.0, -2.0, -3.0, -1.5])
+    # 2 slots: nodes 2 and 3 (the lowest ranked) are spares. The chain a, d walks node 1 and needs
+    # one slot (d under 1): the higher ranked spare (node 2) keeps the other
+    one = attach_chain(t, [10, 13], 2)
+    assert one.tokens.tolist() == [9, 10, 11, 13, 10] and one.parents.tolist() == [-1, 0, 1, 1, 0]
+    out = attach_chain(t, [13, 14], 2)                           # nothing held: both slots, under the root
+    assert out.tokens.tolist() == [9, 10, 11, 13, 14] and out.parents.tolist() == [-1, 0, 1, 0, 3]
+    assert out.scores[3] == out.scores[0] and out.scores[4] == out.scores[0]   # first among their siblings
+    assert torch.equal(attach_chain(t, [], 2).tokens, torch.tensor([9, 10, 11, 10, 12]))   # no chain: spares
+    held = attach_chain(t, [10, 11], 2)                          # the tree holds it: the spares stay
+    assert held.tokens.tolist() == [9, 10, 11, 10, 12] and held.parents.tolist() == [-1, 0, 1, 0, 0]
+    # the target continues d, e, then f: the chain's nodes are accepted, the bonus is f
     logits = torch.full((out.n, 20), -5.0)
-    for node, nxt in enumerate([10, 11, 0, 12, 13, 14]):
+    for node, nxt in enumerate([13, 0, 0, 14, 15]):
         logits[node, nxt] = 5.0
     res = accept_greedy(out, logits)
-    assert res.tokens == [10, 11, 12, 13] and res.bonus == 14 and res.path == [0, 1, 3, 4, 5]
+    assert res.tokens == [13, 14] and res.bonus == 15 and res.path == [0, 3, 4]
+    with pytest.raises(ValueError, match="a chain of 3 in 2 slots"):
+        attach_chain(t, [1, 2, 3], 2)
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +104,8 @@ def test_greedy_generation_with_lookup_is_ar_and_accepts_the_chain(models, order
     ids, n = repetitive(), 40
     runner = Runner(target, attention="nsa", nsa=NSA)
     ar = generate_ar(runner, ids, SamplingParams(), n)
-    plain = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 2, 4), order))
-    look = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 2, 4), order, lookup=6))
+    plain = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 3, 4), order))
+    look = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 3, 4), order, lookup=6))
     assert look.token_ids == plain.token_ids == ar.token_ids
     # the tiny target repeats itself (runs of one token): the chain carries rounds past the head's 2 levels
     assert look.stats["mean_accepted_length"] > plain.stats["mean_accepted_length"]
@@ -111,7 +116,7 @@ def test_sampled_generation_ignores_the_chain(models):
     target, drafter = models
     ids, sp = repetitive(), SamplingParams(temperature=0.9)
     runner = Runner(target, attention="nsa", nsa=NSA)
-    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 2, 4), lookup=k), seed=3)
+    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), lookup=k), seed=3)
             for k in (0, 6)]
     assert runs[0].token_ids == runs[1].token_ids
     assert runs[0].stats["mean_accepted_length"] == runs[1].stats["mean_accepted_length"]
@@ -122,8 +127,10 @@ def test_lookup_options_are_checked(models):
         SpecOptions(lookup=17)
     with pytest.raises(ValueError, match="128 tree tokens.*\\+ 8 looked up"):
         SpecOptions(TreeSpec(6, 8, 124), lookup=8)
-    assert SpecOptions(TreeSpec(2, 2, 4), lookup=6).max_depth == 6
-    assert SpecOptions(TreeSpec(2, 2, 4), lookup=6).key() != SpecOptions(TreeSpec(2, 2, 4)).key()
+    assert SpecOptions(TreeSpec(2, 3, 4), lookup=6).max_depth == 6
+    with pytest.raises(ValueError, match="a tree of 4 \\+ 6 needs a larger pool than depth 2 and top-k 2 grow \\(7 nodes\\)"):
+        SpecOptions(TreeSpec(2, 2, 4), lookup=6)
+    assert SpecOptions(TreeSpec(2, 3, 4), lookup=6).key() != SpecOptions(TreeSpec(2, 3, 4)).key()
     target, drafter = models
     r = Runner(target, attention="nsa", nsa=NSA)
     eng = DeviceEngine(r, drafter)
@@ -131,7 +138,7 @@ def test_lookup_options_are_checked(models):
     r.prefill(repetitive()[:-1])
     eng.start(3)                                   # no history: a lookup round cannot run
     with pytest.raises(ValueError, match="needs the prompt's tokens"):
-        eng.launch_spec(SpecOptions(TreeSpec(2, 2, 4), lookup=4))
+        eng.launch_spec(SpecOptions(TreeSpec(2, 3, 4), lookup=4))
     with pytest.raises(ValueError, match="history has 3 tokens, the cache holds 59"):
         eng.start(3, history=[1, 2, 3])
 
@@ -142,7 +149,7 @@ def test_the_device_round_with_lookup_matches_the_host_round(models, order):
     tokens and the host round's rounds; sampled, the same as without the chain."""
     target, drafter = models
     ids, n = repetitive(), 40
-    opts = SpecOptions(TreeSpec(2, 2, 4), order, lookup=6)
+    opts = SpecOptions(TreeSpec(2, 3, 4), order, lookup=6)
     runner = Runner(target, attention="nsa", nsa=NSA)
     ar = generate_ar(runner, ids, SamplingParams(), n)
     host = generate_spec(runner, drafter, ids, SamplingParams(), n, opts)
@@ -150,52 +157,69 @@ def test_the_device_round_with_lookup_matches_the_host_round(models, order):
     assert dev.token_ids == host.token_ids == ar.token_ids
     assert dev.stats["rounds"] == host.stats["rounds"] and dev.stats["acceptance_by_depth"] == host.stats["acceptance_by_depth"]
     sp = SamplingParams(temperature=0.9)
-    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 2, 4), order, lookup=k), seed=2,
+    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), order, lookup=k), seed=2,
                           engine=DeviceEngine(runner, drafter)) for k in (0, 6)]
     assert runs[0].token_ids == runs[1].token_ids
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10 ** 6), st.integers(1, 6), st.sampled_from(["pos", "dfs"]))
-def test_attach_chain_device_accepts_what_the_host_tree_accepts(seed, k, order):
-    """Random trees over a 5-token vocabulary (duplicate siblings included) and random chains: the
-    greedy walk over the fixed-shape tree takes the host-attached tree's tokens, for logits that
-    follow the chain, a tree path, or neither."""
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 5), st.sampled_from(["pos", "bfs", "dfs"]),
+       st.sampled_from([(2, 3, 6), (3, 2, 4), (3, 3, 9), (4, 2, 3)]), st.sampled_from([3, 6]))
+def test_the_fixed_shape_chain_accepts_what_the_host_tree_accepts(seed, K, order, shape, V):
+    """A head's pool over a 3- or 6-token vocabulary (ssv.spec.device.grow_pool against build_tree) and a
+    random chain: the fixed-shape tree (`grow_spares`, `attach_chain_device`) and the host tree
+    (`attach_chain`) accept the same tokens from a target that follows a random text, often the
+    chain's own (the target's choice at a node is a function of the node's path)."""
+    from tests.spec.test_device import _table
     from ssv.ops.accept.naive import accept_greedy_walk_naive
-    from ssv.spec.device import DeviceTree, flatten_device_masked
+    from ssv.spec.device import ancestor_mask, grow_pool
+    from ssv.spec.tree import build_tree, flatten
+    D, k, T = shape
+    spec = TreeSpec(D, k, T + K)
+    if spec.total_tokens > spec.max_nodes:
+        return
+    root = V - 1
+    tab = _table(spec, V, seed % 1000)
+    host_tree = build_tree(lambda fr, tr: torch.stack([tab[int(tr.depth[u]), int(tr.tokens[u])] for u in fr]),
+                           root, D, k, T + K)
+    pool = grow_pool(lambda level, toks, pr, rows: tab[level - 1][toks], torch.tensor(root), tab[0, root], spec)
     g = torch.Generator().manual_seed(seed)
-    T = int(torch.randint(2, 12, (1,), generator=g))
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
-    tokens = torch.randint(0, 5, (T,), generator=g)
-    scores = -torch.rand(T, generator=g) * 5
-    scores[0] = 0.0
-    host = DraftTree(tokens, torch.tensor(parents), scores)
-    depth = host.depth
-    dt = DeviceTree(tokens, torch.tensor(parents), scores, depth)
-    spec = TreeSpec(max(1, int(depth.max())), 16, T)
-    flat, perm, mask = flatten_device_masked(dt, order, spec)
-    chain = torch.randint(0, 5, (k,), generator=g)
-    n_valid = int(torch.randint(0, k + 1, (1,), generator=g))
-    valid = torch.arange(k) < n_valid
-    pos = 100 + flat.depth
-    full, fmask, fpos = attach_chain_device(flat, mask, pos, chain, valid)
-    assert full.n == T + k and fmask.shape == (T + k, T + k)
-    want_tree = attach_chain(DraftTree(flat.tokens, flat.parents, flat.scores), chain[:n_valid].tolist())
-    assert bool((fpos == 100 + full.depth).all())
-    from ssv.spec.device import ancestor_mask
+    toks = torch.randint(0, V, (K,), generator=g)
+    n_valid = int(torch.randint(0, K + 1, (1,), generator=g))
+    valid = torch.arange(K) < n_valid
+    flat, mask, pos, spare = grow_spares(*pool, T, K, k, order, D, torch.tensor([100]))
+    full, fmask, fpos = attach_chain_device(flat, mask, pos, spare, toks, valid)
+    host = attach_chain(host_tree, toks[:n_valid].tolist(), K)
+    assert full.n == host.n == T + K
     assert torch.equal(fmask, ancestor_mask(full.parents, int(full.depth.max())))
-    D = int(full.depth.max())
-    for trial in range(4):
-        logits = torch.randn(T + k, 5, generator=g)
-        if trial % 2 == 0:   # follow the chain from its attachment: the target agrees with it
-            for i in range(T, T + k):
-                p = int(full.parents[i])
-                logits[p, int(full.tokens[i])] += 10.0
-        got_path, got_len, got_bonus = accept_greedy_walk_naive(full.parents, full.tokens, full.scores,
-                                                                logits.argmax(-1), D)
-        got = [int(full.tokens[i]) for i in got_path[1:int(got_len)]] + [int(got_bonus)]
-        # the host tree's node j: the device tree's node j (the same order, dead slots left out)
-        real = [0] + [i for i in range(1, T + k) if i < T or full.scores[i] > float("-inf")]
-        hl = logits[real]
-        res = accept_greedy(want_tree, hl)
-        assert got == res.tokens + [res.bonus]
+    assert torch.equal(fpos, 100 + full.depth) and bool((full.parents[1:] < torch.arange(1, T + K)).all())
+    # the same multiset of root-to-node paths: the same tree in another order
+    def paths(tr_tokens, tr_parents):
+        out = []
+        for i in range(len(tr_tokens)):
+            p, seq = i, []
+            while p >= 0:
+                seq.append(int(tr_tokens[p]))
+                p = int(tr_parents[p])
+            out.append(tuple(reversed(seq)))
+        return sorted(out)
+    assert paths(full.tokens, full.parents) == paths(host.tokens, host.parents)
+    host_flat, _ = flatten(host, order)
+    text = toks.tolist() if seed % 2 else torch.randint(0, V, (K + D,), generator=g).tolist()
+
+    def target_logits(tr_tokens, tr_parents):
+        lg = torch.zeros(len(tr_tokens), V)
+        for i in range(len(tr_tokens)):
+            p, seq = i, []
+            while p > 0:
+                seq.append(int(tr_tokens[p]))
+                p = int(tr_parents[p])
+            seq.reverse()
+            follows = seq == text[:len(seq)] and len(seq) < len(text)
+            lg[i, text[len(seq)] if follows else (sum(seq) * 7 + len(seq)) % V] = 1.0
+        return lg
+    path, n, bonus = accept_greedy_walk_naive(full.parents, full.tokens, full.scores,
+                                              target_logits(full.tokens, full.parents).argmax(-1), max(D, K))
+    got = [int(full.tokens[i]) for i in path[1:int(n)]] + [int(bonus)]
+    res = accept_greedy(host_flat, target_logits(host_flat.tokens, host_flat.parents))
+    assert got == res.tokens + [res.bonus]
