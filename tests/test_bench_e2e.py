@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from ssv.bench.e2e import MODES, first_diff, mode_table, prompt_ids, summarize
+from ssv.bench.e2e import MODES, QUESTION, first_diff, mode_table, prompt_ids, summarize
 from ssv.bench.e2e_steps import fill_cache
 from ssv.config import NSAConfig
 from ssv.engine.runner import Runner
@@ -29,6 +29,9 @@ def test_prompts_have_the_context_length_and_chat_wraps_a_question():
     assert len(prompt_ids(tok, "code", text, 300)) == 300
     chat = prompt_ids(tok, "chat", text, 300)
     assert len(chat) <= 300 and chat[-1] == len("<assistant>")
+    # the document's first tokens, then the question (a prompt ending elsewhere needs `end`)
+    body = chat[1:len(chat) - len(tok.encode(QUESTION + " <assistant>"))]
+    assert body == tok.encode(text)[:len(body)] and len(body) > 250
     with pytest.raises(ValueError, match="fewer than"):
         prompt_ids(tok, "prose", text, 900)
 

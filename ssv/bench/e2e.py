@@ -57,16 +57,18 @@ def prompt_ids(tok, family: str, text: str, context: int, end: int | None = None
     start); chat: the document's tokens before `end` cut to fit, a question, the chat template. With one
     `end` for every context, each context length continues the same text (`ssv bench spec --aligned`)."""
     ids = tok.encode(text)
-    end = context if end is None else end
-    if end < context:
+    if end is not None and end < context:
         raise ValueError(f"a prompt of {context} tokens cannot end at token {end}")
     if family != "chat":
+        end = context if end is None else end
         if len(ids) < end:
             raise ValueError(f"a {family} document has {len(ids)} tokens, fewer than {end}")
         return ids[end - context:end]
     overhead = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
                                                       add_generation_prompt=True)))
-    body = tok.decode(ids[max(0, end - max(16, context - overhead)):end])
+    n = max(16, context - overhead)   # the document's tokens in the prompt
+    end = n if end is None else end
+    body = tok.decode(ids[max(0, end - n):end])
     return tok.encode(tok.apply_chat_template([{"role": "user", "content": body + QUESTION}],
                                               add_generation_prompt=True))[:context]
 
