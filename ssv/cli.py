@@ -171,6 +171,11 @@ def _engine(args, runner, drafter=None):
 #   2x3x6 1.13x / 1.20x / 1.13x, 3x2x6 1.08x / 1.19x / 1.08x (bench/results/cpu-packed/spec-cpu-2k-trees.json).
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
+# and the chain looked up from the text beside it (ssv.spec.lookup; the CPU verifies only the chain's
+# new tokens): with the packed form at 2K, 2x2x4 with up to 3 looked-up tokens ran 1.51-1.54x /
+# 1.79-1.83x / 1.14-1.15x ar on code / prose / chat against 2x2x4's 1.20x / 1.28-1.31x / 1.12-1.18x
+# (bench/results/cpu-s29/, paired with ar round by round); not measured with the other forms
+CPU_LOOKUP = {"linear": 0, "transposed": 0, "packed": 3}
 CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
 
 
@@ -178,22 +183,36 @@ def cpu_tree() -> tuple:
     """The CPU's default tree for `--mode ssv`: by the GEMM form this machine measured for 4 rows."""
     from ssv.ops.linear.cpu import cpu_form
     return CPU_TREES[cpu_form(4)]
+
+
+def cpu_lookup() -> int:
+    """The CPU's default context lookup for `--mode ssv` (CPU_LOOKUP)."""
+    from ssv.ops.linear.cpu import cpu_form
+    return CPU_LOOKUP[cpu_form(4)]
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json). On the CPU, by the BLAS form for 4 rows:
 # the Intel VM's 3-node round cost 1.27-1.35 AR steps (its MAL over its speedup in the runs above),
 # session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json), and
 # with the packed form 1.46-1.50 (bench/results/cpu-packed/round-costs-2k-2x2x4-*.json).
 CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6, "packed": 1.5}
+CPU_BREAK_EVEN_LOOKUP = {"packed": 1.7}
 
 
 def _fallback(args, opts):
     from ssv.spec.fallback import ArFallback
+    # with a lookup a round accepts more than the head's agreement estimates: rounds alone judge
+    extra = {"use_agreement": False} if opts is not None and opts.lookup else {}
     if args.device != "cpu" or opts is None:
-        return ArFallback()
+        return ArFallback(**extra)
     from ssv.ops.linear.cpu import cpu_form
     form = cpu_form(4)
     small = opts.tree.total_tokens <= CPU_TREES[form][2]   # no larger than the machine's own tree
-    return ArFallback(prior_break_even=CPU_BREAK_EVEN[form]) if small else ArFallback()
+    if not small:
+        return ArFallback(**extra)
+    # the packed form's 2x2x4 round with a lookup of 3 cost 1.70 AR steps at 2K (against 1.45 without;
+    # bench/results/cpu-s29/spec-2k-paired-*), its rows grown by the chain's
+    prior = CPU_BREAK_EVEN_LOOKUP.get(form, CPU_BREAK_EVEN[form]) if opts.lookup else CPU_BREAK_EVEN[form]
+    return ArFallback(prior_break_even=prior, **extra)
 
 
 def _spec_options(args, n_layers: int):
@@ -212,7 +231,9 @@ def _spec_options(args, n_layers: int):
     else:
         verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
                                refresh=VerifyOptions.every(args.refresh_every, n_layers))
-    return SpecOptions(tree=tree, order=args.traversal, verify=verify, lookup=args.lookup)
+    lookup = args.lookup if args.lookup is not None else (cpu_lookup() if cpu else 0)
+    # the CPU verifies only the chain's new tokens (a row costs there); a graphed round, fixed rows
+    return SpecOptions(tree=tree, order=args.traversal, verify=verify, lookup=lookup, spares=args.device != "cpu")
 
 
 def _spec_setup(args, model):
@@ -285,9 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--tree-tokens", type=int, help=f"nodes verified per round, root included; default "
                     f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: 3 or 4, by how its BLAS prices 4 rows)")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
-    sd.add_argument("--lookup", type=int, default=0, metavar="K",
+    sd.add_argument("--lookup", type=int, metavar="K",
                     help="also verify a chain of up to K tokens drafted from the text itself (the tokens after "
-                         "the latest earlier occurrence of its last 2-4 tokens); greedy only, output unchanged")
+                         "the latest earlier occurrence of its last 2-4 tokens); greedy rounds only, output "
+                         "unchanged; default 0 (--mode ssv on the CPU with its tree: CPU_LOOKUP, 3 where measured)")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,

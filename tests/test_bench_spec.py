@@ -216,6 +216,12 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2", "--lookup", 2, "--prompts", prompts,
                                              "--families", "code", "--temperatures", 0, "--device-round"], capsys)
     dl = json.loads((tmp_path / "spec-cpu.json").read_text())   # the CPU's device round: the host round's rows
+    succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2 compact", "--lookup", 2, "--lookup-compact",
+                                             "--prompts", prompts, "--families", "code", "--temperatures", 0,
+                                             "--device-round"], capsys)
+    dc = json.loads((tmp_path / "spec-cpu.json").read_text())
+    assert {r["mode"] for r in dc["rows"]} == {"ar", "ssv strict lookup 2 compact"}
+    assert all(r["first_diff_vs_ar"] is None for r in dc["rows"])
     assert [(r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in dl["rows"]] == [
         (r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in lk["rows"]]
     # --device-round: the same rows through the DeviceEngine (greedy: the host round's MALs, ar's tokens)

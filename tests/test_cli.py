@@ -480,10 +480,12 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
         out = json.loads(succeeds(base + extra, capsys)[0])
         assert out["token_ids"] == ar["token_ids"]
         depth[name] = len(out["stats"]["acceptance_by_depth"])
+        if name == "ssv":   # with the CPU's context lookup, verified only where the chain has tokens
+            assert (out["stats"]["lookup"], out["stats"]["spares"]) == (cli.cpu_lookup(), False)
     from ssv.ops.linear.cpu import cpu_forms
     assert ar["cpu_gemm"] == list(cpu_forms())   # the run's GEMM forms, recorded
     assert cli.cpu_tree()[0] not in (4, 6)
-    assert depth == {"ssv": cli.cpu_tree()[0], "sd-naive": 6, "explicit": 4}
+    assert depth == {"ssv": max(cli.cpu_tree()[0], cli.cpu_lookup()), "sd-naive": 6, "explicit": 4}
 
 
 def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
@@ -498,6 +500,10 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
         monkeypatch.setenv(cpu_gemm.ENV, form)
         assert cli.cpu_tree() == (2, 2, nodes)
         assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes))).prior_break_even == prior
+        f = cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes), lookup=3, spares=False))
+        # with a lookup: the measured prior where there is one, and rounds alone judge
+        assert f.prior_break_even == {"packed": 1.7}.get(form, prior) and not f.use_agreement
+        assert cli.cpu_lookup() == {"packed": 3}.get(form, 0)
     # a 4-node tree where the machine's own tree has 3 nodes takes the default prior
     monkeypatch.setenv(cpu_gemm.ENV, "linear")
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
@@ -520,6 +526,7 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
     base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
     ar = succeeds(base + ["--json"], capsys)[0]
-    out, err = succeeds(base + ["--mode", "ssv", "--draft", random_head], capsys)
+    # without the CPU's lookup (the head's agreement then estimates a round)
+    out, err = succeeds(base + ["--mode", "ssv", "--draft", random_head, "--lookup", 0], capsys)
     assert out.strip() == json.loads(ar)["text"].strip()
     assert "0 rounds" in err and "drafts would accept" in err and "mean accepted length" not in err

@@ -109,10 +109,12 @@ def family_documents(tok, texts: dict, families, contexts, count: int, aligned: 
     return out
 
 
-def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=(), lookup: int = 0) -> dict:
+def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=(), lookup: int = 0,
+          spares: bool = True) -> dict:
     """name -> (attention, Strategy). extra_trees add strict modes with other tree shapes, so the
     planner's profile can rank tree shapes too. lookup = K adds `ssv strict lookup K`: the head's
-    tree K nodes smaller and a chain of K tokens drafted from the context, the same rows verified."""
+    tree K nodes smaller and a chain of K tokens drafted from the context, the same rows verified
+    (spares False: `ssv strict lookup K compact`, the K rows verified only where the chain needs them)."""
     from ssv.spec.planner import Strategy
     table = {
         "sd-naive": ("nsa", Strategy("sd-naive", tree, order, 1)),
@@ -127,15 +129,17 @@ def modes(tree: TreeSpec, order: str = "pos", group_size: int = 4, extra_trees=(
     if lookup:
         if tree.total_tokens - lookup < 1:
             raise ValueError(f"--lookup {lookup} leaves no head nodes in a tree of {tree.total_tokens}")
-        name = f"ssv strict lookup {lookup}"
+        name = f"ssv strict lookup {lookup}" + ("" if spares else " compact")
         table[name] = ("nsa", Strategy(name, TreeSpec(tree.depth, tree.top_k, tree.total_tokens - lookup), order,
-                                       group_size, lookup=lookup))
+                                       group_size, lookup=lookup, spares=spares))
     return table
 
 
-def strategies(tree: TreeSpec, order: str, group_size: int = 4, extra_trees=(), lookup: int = 0) -> dict:
+def strategies(tree: TreeSpec, order: str, group_size: int = 4, extra_trees=(), lookup: int = 0,
+               spares: bool = True) -> dict:
     """The benchmark's NSA modes as planner strategies (ar and dense attention are not strategies)."""
-    return {name: s for name, (att, s) in modes(tree, order, group_size, extra_trees, lookup).items() if att == "nsa"}
+    return {name: s for name, (att, s) in modes(tree, order, group_size, extra_trees, lookup, spares).items()
+            if att == "nsa"}
 
 
 def first_diff(a: list, b: list):
@@ -145,7 +149,7 @@ def first_diff(a: list, b: list):
 def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeSpec,
               order: str = "pos", which=None, progress: bool = False, make_runner=None, on_row=None,
               warmup: int = 0, extra_trees=(), temperatures=(0.0,), seed: int = 0, repeats: int = 1,
-              device_round: bool = False, paired: bool = False, lookup: int = 0) -> list:
+              device_round: bool = False, paired: bool = False, lookup: int = 0, spares: bool = True) -> list:
     """Rows per (context, family, document, temperature, mode). docs: {family: [doc, ...]}, a doc being
     token ids (cut to each context) or {context: prompt ids} (`family_documents`); a plain list is the
     family "code". make_runner(attention) -> Runner (default: model defaults); on_row(rows) after every
@@ -187,7 +191,7 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
         return PairedAr(r, ids, sp, n, seed=seed, engine=engine(r))
     rows = []
     n_layers = model.cfg.n_layers
-    table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees, lookup=lookup).items()
+    table = {name: (att, s.options(n_layers)) for name, (att, s) in modes(tree, order, extra_trees=extra_trees, lookup=lookup, spares=spares).items()
              if not which or name in which}
     first = next((ds[0] for ds in docs.values() if ds), None)
     if warmup and first is not None and contexts:
@@ -313,6 +317,9 @@ def add_args(p) -> None:
     p.add_argument("--lookup", type=int, default=0, metavar="K",
                    help="also measure 'ssv strict lookup K': K of the tree's nodes drafted from the context "
                         "(ssv.spec.lookup; greedy rounds) instead of by the head")
+    p.add_argument("--lookup-compact", action="store_true",
+                   help="the lookup mode verifies the chain's rows only where it has tokens (the CPU's "
+                        "form, `ssv strict lookup K compact`) instead of the head's spare nodes there")
     p.add_argument("--paired", action="store_true",
                    help="time every mode against an ar run stepped between its own steps (the same "
                         "machine state round by round: a noisy VM still gives a ratio); CPU, or no overlap")
@@ -349,7 +356,8 @@ def cmd_bench_spec(args) -> int:
     if args.lookup:
         if args.device_round and args.device == "cuda":
             raise ValueError("--lookup on CUDA runs on the host round: the CUDA round is not validated with it")
-        modes(tree, lookup=args.lookup)["ssv strict lookup " + str(args.lookup)][1].options(1)   # bad K fails first
+        for s in modes(tree, lookup=args.lookup, spares=not args.lookup_compact).values():
+            s[1].options(1)   # a bad K fails first
     model, tok = load_model(args.model, args.device)
     drafter = load_drafter(args.draft, model)
     if texts is None:
@@ -374,14 +382,16 @@ def cmd_bench_spec(args) -> int:
                      make_runner=lambda att: Runner(model, attention=att, max_len=max_len),
                      which=set(args.modes) if args.modes else None, on_row=save, warmup=args.warmup,
                      extra_trees=extra, temperatures=temps, seed=args.seed, repeats=args.repeats,
-                     device_round=args.device_round, paired=args.paired, lookup=args.lookup)
+                     device_round=args.device_round, paired=args.paired, lookup=args.lookup,
+                     spares=not args.lookup_compact)
     save(rows)
     from ssv.spec.planner import Profile
     try:  # the adaptive planner's offline profile (`ssv generate --profile`): all families, lowest temperature
         t0 = min(temps)
         src = f"ssv bench spec, {args.docs} documents per family ({', '.join(families)})"
         prof = Profile.from_rows([r for r in rows if r["temperature"] == t0],
-                                 strategies(tree, "pos", extra_trees=extra, lookup=args.lookup),
+                                 strategies(tree, "pos", extra_trees=extra, lookup=args.lookup,
+                                            spares=not args.lookup_compact),
                                  meta={"env": env, "temperature": t0, "source": src})
         prof.save(os.path.join(args.out, f"profile-{args.device}.json"))
     except ValueError as e:

@@ -23,7 +23,7 @@ from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
 from ssv.ops.accept.naive import round_record_naive
 from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, grow_pool, sample_device
-from ssv.spec.lookup import attach_chain_device, context_lookup, grow_spares
+from ssv.spec.lookup import attach_chain_device, context_lookup, grow_spares, no_spares
 from ssv.spec.tree import TreeSpec
 
 
@@ -130,12 +130,20 @@ class DeviceEngine:
                                                           cache.dlen, ids=dr.vocab_ids)
             return
         # the head grows K spares more; the chain looked up takes the place of as many as it needs
+        # (without spares: the tree, and the chain's new nodes after it)
         K = opts.lookup
-        pool = grow_pool(dr.expand_rows, self.tok[0], dr.dlogp_buf,
-                         TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids=dr.vocab_ids)
-        flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, cache.dlen)
+        if opts.spares:
+            pool = grow_pool(dr.expand_rows, self.tok[0], dr.dlogp_buf,
+                             TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids=dr.vocab_ids)
+            flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth,
+                                                 cache.dlen)
+        else:
+            flat, mask, pos = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order, cache.dlen,
+                                        ids=dr.vocab_ids)
+            spare = no_spares(flat, K)
         toks, valid = context_lookup(self.hist, cache.dlen.long() + 1, K)
-        io["tree"], io["mask"], io["pos"] = attach_chain_device(flat, mask, pos, spare, toks, valid)
+        io["tree"], io["mask"], io["pos"] = attach_chain_device(flat, mask, pos, spare, toks, valid,
+                                                                compact=not opts.spares)
 
     def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model

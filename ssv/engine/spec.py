@@ -28,8 +28,11 @@ class SpecOptions:
     order: str = "pos"
     verify: VerifyOptions = field(default_factory=VerifyOptions)
     # a chain of up to `lookup` tokens drafted from the context beside the head's tree (greedy
-    # rounds on the host; ssv.spec.lookup)
+    # rounds; ssv.spec.lookup). spares: the head grows `lookup` nodes more, which verify where the
+    # chain does not need them (fixed rows: a graphed round's); off, a round verifies the head's tree
+    # and the chain's new tokens only (the CPU's: a row costs there, and nothing is captured)
     lookup: int = 0
+    spares: bool = True
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -39,7 +42,7 @@ class SpecOptions:
         if self.tree.total_tokens + self.lookup > 128:
             raise ValueError(f"at most 128 tree tokens are verified at once, got {self.tree.total_tokens}"
                              + (f" + {self.lookup} looked up" if self.lookup else ""))
-        if self.tree.total_tokens + self.lookup > self.tree.max_nodes:
+        if self.spares and self.tree.total_tokens + self.lookup > self.tree.max_nodes:
             raise ValueError(f"a lookup of {self.lookup} takes the place of the head's spare nodes: a tree of "
                              f"{self.tree.total_tokens} + {self.lookup} needs a larger pool than depth "
                              f"{self.tree.depth} and top-k {self.tree.top_k} grow ({self.tree.max_nodes} nodes)")
@@ -49,7 +52,8 @@ class SpecOptions:
     def key(self) -> tuple:
         """What fixes a round's shapes and launches (its graph bucket)."""
         t, v = self.tree, self.verify
-        return (t.depth, t.top_k, t.total_tokens, self.order, v.group_size, v.precision, v.refresh, self.lookup)
+        return (t.depth, t.top_k, t.total_tokens, self.order, v.group_size, v.precision, v.refresh, self.lookup,
+                self.spares)
 
     @property
     def max_depth(self) -> int:
@@ -61,8 +65,9 @@ def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions, chain=
     """Grow and flatten a tree. chain (a greedy round with opts.lookup = K; tokens after the root,
     `ssv.spec.lookup`): the head grows K nodes more and the chain takes the place of as many of its
     lowest-ranked ones as it needs. Returns (tree in traversal order, perm)."""
-    if chain is None:
-        return flatten(drafter.propose(root, root_logp, opts.tree), opts.order)
+    if chain is None or not opts.spares:
+        tree = drafter.propose(root, root_logp, opts.tree)
+        return flatten(tree if chain is None else attach_chain(tree, list(chain), 0), opts.order)
     t = opts.tree
     tree = drafter.propose(root, root_logp, TreeSpec(t.depth, t.top_k, t.total_tokens + opts.lookup))
     return flatten(attach_chain(tree, list(chain), opts.lookup), opts.order)
@@ -237,7 +242,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
         stats["fallback"] = fallback.summary()
     if planner is None:
         stats.update(tree=vars(opts.tree), traversal=opts.order, group_size=opts.verify.group_size,
-                     precision=opts.verify.precision)
+                     precision=opts.verify.precision, lookup=opts.lookup, spares=opts.spares)
     else:  # the strategies per round are in the planner's summary
         stats.update(tree="adaptive", traversal="adaptive", group_size="adaptive",
                      precision="approx" if planner.used_approx else "strict", planner=planner.summary())

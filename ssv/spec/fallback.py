@@ -48,6 +48,9 @@ class ArFallback:
     prime_rows: int = 256        # the prompt's last rows whose agreement decides the first step (0: off)
     prime_scale: float = 1.25    # the prompt's estimate times this is compared with the break-even
     trust_agreement: bool = True  # a burst's agreement that says rounds pay also clears its failure
+    # the head's agreement estimates a round (prime, burst ends); off where a round drafts more than
+    # the head (a context lookup, SpecOptions.lookup: on prose it accepts 1.6x the head's MAL)
+    use_agreement: bool = True
 
     def __post_init__(self):
         if (not self.slack >= 0 or self.min_ar < 1 or self.max_ar < self.min_ar or self.samples < 1 or self.min_pairs < 1
@@ -126,7 +129,7 @@ class ArFallback:
         the head's drafts would not pay, the burst is extended (doubled) without a probe round; else
         the next round runs (and is judged as a probe)."""
         self.check_due = False
-        if agreement is None or agreement[2] < self.min_pairs:
+        if not self.use_agreement or agreement is None or agreement[2] < self.min_pairs:
             return
         if self.expected_length(*agreement, depth) < self.break_even():
             self._burst(self.rounds, None, self.break_even())
@@ -142,7 +145,7 @@ class ArFallback:
         estimate, median 1.33x (bench/results/e2e-cuda-ab2f480.json, `agreements[0]` beside the
         no-fall-back rows). A burst on a text that pays costs far more (up to `min_ar` slow steps)
         than two rounds on one that does not, so the estimate is scaled up (`prime_scale`)."""
-        if pairs < self.min_pairs or self.rounds or self.ar_steps:
+        if not self.use_agreement or pairs < self.min_pairs or self.rounds or self.ar_steps:
             return
         be = self.break_even()
         if self.prime_scale * self.expected_length(top1, topk, pairs, depth) < be:   # as a failed probe

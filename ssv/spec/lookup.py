@@ -46,21 +46,23 @@ def context_lookup(hist: torch.Tensor, length, k: int, ngrams: tuple = NGRAMS):
     return hist[pos.clamp(0, S - 1)], valid
 
 
-def attach_chain(tree: DraftTree, chain: list, slots: int) -> DraftTree:
-    """The head's tree of T + slots nodes with `chain` (<= slots tokens after the root) in its last
-    `slots` places. The head's `slots` lowest-ranked nodes (score, then index: the kept set's order)
-    are spares: the chain's prefix that the other T nodes hold is walked as greedy acceptance walks
-    it (`sorted_children`), the rest (r tokens) hangs under the last node reached, and the r
-    lowest-ranked spares give way. A chain node scores its parent's score: it comes first among its
-    siblings, so acceptance prefers it to a spare with its token. Returns T + slots nodes: main
-    nodes, chain, spares, parents first (a spare's parent ranks before it)."""
+def attach_chain(tree: DraftTree, chain: list, spares: int) -> DraftTree:
+    """The head's tree with `chain` (tokens after the root) in the place of its `spares`
+    lowest-ranked nodes (score, then index: the kept set's order). The chain's prefix that the other
+    nodes hold is walked as greedy acceptance walks it (`sorted_children`); the rest (r tokens)
+    hangs under the last node reached, and min(r, spares) of the lowest-ranked spares give way. A
+    chain node scores its parent's score: it comes first among its siblings, so acceptance prefers
+    it to a spare with its token. spares = len(chain) = K: always n nodes (a fixed-shape round's);
+    spares = 0: the tree and the chain's new nodes. Returns main nodes, chain, spares, parents first
+    (a spare's parent ranks before it)."""
     n = tree.n
-    if not 0 <= len(chain) <= slots < n:
-        raise ValueError(f"attach_chain: a chain of {len(chain)} in {slots} slots of a {n}-node tree")
+    if not 0 <= spares < n:
+        raise ValueError(f"attach_chain: {spares} spares of a {n}-node tree")
     tokens, parents, scores = tree.tokens.tolist(), tree.parents.tolist(), tree.scores.tolist()
     ranked = sorted(range(1, n), key=lambda i: (-scores[i], i))
-    spares = ranked[n - 1 - slots:]
-    main = [i for i in range(n) if i not in set(spares)]
+    spare = ranked[n - 1 - spares:]
+    gone = set(spare)
+    main = [i for i in range(n) if i not in gone]
     kids = {}
     for i in main[1:]:
         kids.setdefault(parents[i], []).append(i)
@@ -77,7 +79,7 @@ def attach_chain(tree: DraftTree, chain: list, slots: int) -> DraftTree:
         t2.append(int(t))
         p2.append(new[at] if j == 0 else len(t2) - 2)
         s2.append(scores[at])
-    for old in spares[:slots - (len(chain) - held)]:
+    for old in spare[:max(0, spares - (len(chain) - held))]:
         new[old] = len(t2)
         t2.append(tokens[old])
         p2.append(new[parents[old]])
@@ -92,13 +94,15 @@ def chain_of(hist: torch.Tensor, length: int, k: int) -> list:
     return toks[valid].tolist()
 
 
-def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, spare, toks: torch.Tensor, valid: torch.Tensor):
+def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, spare, toks: torch.Tensor, valid: torch.Tensor,
+                        compact: bool = False):
     """`attach_chain` in fixed shapes, on a flattened `DeviceTree` of T nodes with its ancestor mask
     [T, T] and positions [T] (`grow_flat`'s) and the K spares after it (`grow_spares`: a DeviceTree
     whose parents index the T nodes or, as T + i, spare i). The valid chain's prefix the tree holds
     is walked as the greedy walk would; the rest (r tokens) takes slots T..T + r - 1 under the last
     node reached, and spares 0..K - r - 1 take the slots after it. Returns (tree, mask, pos) of
-    T + K nodes, parents first."""
+    T + K nodes, parents first. compact: the spares' slots dropped, T + r nodes (a shape that
+    depends on the data: the CPU's round, where a verified row costs and nothing is captured)."""
     from ssv.spec.device import DeviceTree
     T, K, dev = tree.n, toks.numel(), toks.device
     idx = torch.arange(T, device=dev)
@@ -131,7 +135,12 @@ def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, spare, toks
         full[T + i] = full.index_select(0, parents[i:i + 1])[0] | (cols == T + i)
     out = DeviceTree(torch.cat([tree.tokens, tokens]), torch.cat([tree.parents, parents]),
                      torch.cat([tree.scores, scores]), torch.cat([tree.depth, depth]))
-    return out, full, torch.cat([pos, pos[:1] + depth])
+    pos = torch.cat([pos, pos[:1] + depth])
+    if compact:
+        keep = cols < T + r
+        out = DeviceTree(out.tokens[keep], out.parents[keep], out.scores[keep], out.depth[keep])
+        full, pos = full[keep][:, keep], pos[keep]
+    return out, full, pos
 
 
 def grow_spares(tok, par, score, T: int, K: int, k: int, order: str, spec_depth: int, dlen):
@@ -157,3 +166,11 @@ def grow_spares(tok, par, score, T: int, K: int, k: int, order: str, spec_depth:
     return flat, mask, dlen.long() + flat.depth, spare
 
 
+
+
+def no_spares(tree, K: int):
+    """K placeholder spares for `attach_chain_device(compact=True)`, which drops them: copies of the
+    root's child at index 1, under the root."""
+    from ssv.spec.device import DeviceTree
+    one = torch.ones(K, dtype=torch.long, device=tree.tokens.device)
+    return DeviceTree(tree.tokens[1] * one, 0 * one, torch.full((K,), float("-inf"), device=one.device), one)

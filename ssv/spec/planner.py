@@ -33,6 +33,7 @@ class Strategy:
     precision: str = "strict"
     refresh_every: int = 1
     lookup: int = 0   # a chain drafted from the context beside the tree (SpecOptions.lookup)
+    spares: bool = True   # SpecOptions.spares
 
     def __post_init__(self):
         from ssv.attention import PRECISIONS
@@ -55,7 +56,7 @@ class Strategy:
         from ssv.engine.spec import SpecOptions
         return SpecOptions(self.tree, self.order, VerifyOptions(self.group_size, self.precision,
                                                                 VerifyOptions.every(self.refresh_every, n_layers)),
-                           lookup=self.lookup)
+                           lookup=self.lookup, spares=self.spares)
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -314,3 +314,16 @@ def test_commit_agreement_counts_the_heads_hits_on_the_prompts_last_rows():
     d = Eagle3Drafter(head, target)
     d.commit(taps, torch.tensor(toks))
     assert d.agreement is None
+
+
+def test_policy_without_agreement_judges_by_rounds_alone():
+    """use_agreement=False (a round with a context lookup accepts more than the head drafts): neither
+    the prompt's agreement nor a burst's starts or extends a burst; the probe round decides."""
+    f = ArFallback(slack=0, min_ar=2, max_ar=8, prior_break_even=2.5, min_pairs=4, use_agreement=False)
+    f.prime(1, 2, 31, depth=6)                     # would not pay by the head: ignored
+    assert not f.use_ar() and not f.bursts
+    f.observe_spec(1, 1.0)                         # a round short of the break-even: a burst
+    for _ in range(2):
+        f.observe_ar(0.5)
+    f.burst_end((1, 2, 10), depth=6)               # poor drafts: no extension, the probe runs
+    assert not f.use_ar() and [b[1] for b in f.bursts] == [2]

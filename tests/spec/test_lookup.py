@@ -11,7 +11,7 @@ from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.spec.accept import SamplingParams, accept_greedy
-from ssv.spec.lookup import NGRAMS, attach_chain, attach_chain_device, context_lookup, grow_spares
+from ssv.spec.lookup import NGRAMS, attach_chain, attach_chain_device, context_lookup, grow_spares, no_spares
 from ssv.spec.tree import DraftTree, TreeSpec
 
 from tests.draft.helpers import tiny_head, tiny_target
@@ -83,8 +83,11 @@ def test_attach_chain_takes_the_place_of_the_lowest_ranked_nodes():
         logits[node, nxt] = 5.0
     res = accept_greedy(out, logits)
     assert res.tokens == [13, 14] and res.bonus == 15 and res.path == [0, 3, 4]
-    with pytest.raises(ValueError, match="a chain of 3 in 2 slots"):
-        attach_chain(t, [1, 2, 3], 2)
+    # no spares: the tree and the chain's new nodes (d under 1)
+    grown = attach_chain(t, [10, 13], 0)
+    assert grown.tokens.tolist() == [9, 10, 10, 12, 11, 13] and grown.parents.tolist() == [-1, 0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="5 spares of a 5-node tree"):
+        attach_chain(t, [1], 5)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,8 @@ def test_lookup_options_are_checked(models):
     assert SpecOptions(TreeSpec(2, 3, 4), lookup=6).max_depth == 6
     with pytest.raises(ValueError, match="a tree of 4 \\+ 6 needs a larger pool than depth 2 and top-k 2 grow \\(7 nodes\\)"):
         SpecOptions(TreeSpec(2, 2, 4), lookup=6)
+    assert SpecOptions(TreeSpec(2, 3, 4), lookup=6, spares=False).key() != SpecOptions(TreeSpec(2, 3, 4), lookup=6).key()
+    SpecOptions(TreeSpec(2, 2, 4), lookup=6, spares=False)     # no spares: no pool needed past the tree
     assert SpecOptions(TreeSpec(2, 3, 4), lookup=6).key() != SpecOptions(TreeSpec(2, 3, 4)).key()
     target, drafter = models
     r = Runner(target, attention="nsa", nsa=NSA)
@@ -143,13 +148,14 @@ def test_lookup_options_are_checked(models):
         eng.start(3, history=[1, 2, 3])
 
 
+@pytest.mark.parametrize("spares", [True, False])
 @pytest.mark.parametrize("order", ["pos", "bfs", "dfs"])
-def test_the_device_round_with_lookup_matches_the_host_round(models, order):
+def test_the_device_round_with_lookup_matches_the_host_round(models, order, spares):
     """The CPU's device round (fixed shapes, the chain attached by attach_chain_device): greedy, ar's
     tokens and the host round's rounds; sampled, the same as without the chain."""
     target, drafter = models
     ids, n = repetitive(), 40
-    opts = SpecOptions(TreeSpec(2, 3, 4), order, lookup=6)
+    opts = SpecOptions(TreeSpec(2, 3, 4), order, lookup=6, spares=spares)
     runner = Runner(target, attention="nsa", nsa=NSA)
     ar = generate_ar(runner, ids, SamplingParams(), n)
     host = generate_spec(runner, drafter, ids, SamplingParams(), n, opts)
@@ -157,7 +163,7 @@ def test_the_device_round_with_lookup_matches_the_host_round(models, order):
     assert dev.token_ids == host.token_ids == ar.token_ids
     assert dev.stats["rounds"] == host.stats["rounds"] and dev.stats["acceptance_by_depth"] == host.stats["acceptance_by_depth"]
     sp = SamplingParams(temperature=0.9)
-    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), order, lookup=k), seed=2,
+    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), order, lookup=k, spares=spares), seed=2,
                           engine=DeviceEngine(runner, drafter)) for k in (0, 6)]
     assert runs[0].token_ids == runs[1].token_ids
 
@@ -188,11 +194,20 @@ def test_the_fixed_shape_chain_accepts_what_the_host_tree_accepts(seed, K, order
     n_valid = int(torch.randint(0, K + 1, (1,), generator=g))
     valid = torch.arange(K) < n_valid
     flat, mask, pos, spare = grow_spares(*pool, T, K, k, order, D, torch.tensor([100]))
-    full, fmask, fpos = attach_chain_device(flat, mask, pos, spare, toks, valid)
-    host = attach_chain(host_tree, toks[:n_valid].tolist(), K)
-    assert full.n == host.n == T + K
+    compact = seed % 3 == 0   # the CPU's form: the T-node tree and the chain's new nodes only
+    if compact and seed % 2:
+        spare = no_spares(flat, K)   # what the CPU's round passes: dropped all the same
+    full, fmask, fpos = attach_chain_device(flat, mask, pos, spare, toks, valid, compact=compact)
+    if compact:
+        small = build_tree(lambda fr, tr: torch.stack([tab[int(tr.depth[u]), int(tr.tokens[u])] for u in fr]),
+                           root, D, k, T)
+        host = attach_chain(small, toks[:n_valid].tolist(), 0)
+        assert T <= full.n == host.n <= T + K
+    else:
+        host = attach_chain(host_tree, toks[:n_valid].tolist(), K)
+        assert full.n == host.n == T + K
     assert torch.equal(fmask, ancestor_mask(full.parents, int(full.depth.max())))
-    assert torch.equal(fpos, 100 + full.depth) and bool((full.parents[1:] < torch.arange(1, T + K)).all())
+    assert torch.equal(fpos, 100 + full.depth) and bool((full.parents[1:] < torch.arange(1, full.n)).all())
     # the same multiset of root-to-node paths: the same tree in another order
     def paths(tr_tokens, tr_parents):
         out = []
