@@ -9,7 +9,7 @@ current suffix) add acceptance to the head? Offline, on the target's own greedy 
 The chains are a proxy for the tree's MAL (a tree holds more than one chain): what they show is where
 the lookup is right and the head is not.
 
-    python scripts/lookup_probe_cpu.py [CONTEXT] [NEW] [DOCS] [out.json]
+    python scripts/lookup_probe_cpu.py [CONTEXT] [NEW] [DOCS] [out.json] [FAMILY,...]
 """
 from __future__ import annotations
 
@@ -50,13 +50,15 @@ def run_len(pred: list, seq: list, j: int) -> int:
     return n
 
 
-def main(context=4096, new=128, docs=2, out=None):
+def main(context=4096, new=128, docs=2, out=None, families=None):
     model, tok = load_model("default", "cpu", progress=False)
     drafter = load_drafter("default", model)
     prompts = json.load(open(".stage/e2e-prompts.json"))
     r = Runner(model, attention="nsa", max_len=context + new + 16)
     rows = []
     for family, texts in prompts.items():
+        if families and family not in families:
+            continue
         for i, text in enumerate(texts[:docs]):
             ids = prompt_ids(tok, family, text, context)
             cont = generate_ar(r, ids, SamplingParams(temperature=0.0), new).token_ids
@@ -105,4 +107,4 @@ def main(context=4096, new=128, docs=2, out=None):
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]) if a else 4096, int(a[1]) if len(a) > 1 else 128, int(a[2]) if len(a) > 2 else 2,
-         a[3] if len(a) > 3 else None)
+         a[3] if len(a) > 3 else None, a[4].split(",") if len(a) > 4 else None)

@@ -172,9 +172,11 @@ def _engine(args, runner, drafter=None):
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
 # and the chain looked up from the text beside it (ssv.spec.lookup; the CPU verifies only the chain's
-# new tokens): with the packed form at 2K, 2x2x4 with up to 3 looked-up tokens ran 1.51-1.54x /
-# 1.79-1.83x / 1.14-1.15x ar on code / prose / chat against 2x2x4's 1.20x / 1.28-1.31x / 1.12-1.18x
-# (bench/results/cpu-s29/, paired with ar round by round); not measured with the other forms
+# new tokens): with the packed form at 2K, 2x2x4 with up to 3 looked-up tokens ran 1.63-1.65x /
+# 1.99-2.02x / 1.25x ar on code / prose / chat against 2x2x4's 1.21-1.25x / 1.32-1.34x / 1.17-1.19x
+# in the same run (bench/results/cpu-s29/spec-2k-paired-lookup3-compact, each ratio over an ar
+# stepped between its rounds); with the 3 rows always verified (spares) 1.51-1.54x / 1.79-1.83x /
+# 1.14-1.15x (spec-2k-paired-lookup3). Not measured with the other forms
 CPU_LOOKUP = {"linear": 0, "transposed": 0, "packed": 3}
 CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
 
@@ -195,7 +197,7 @@ def cpu_lookup() -> int:
 # session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json), and
 # with the packed form 1.46-1.50 (bench/results/cpu-packed/round-costs-2k-2x2x4-*.json).
 CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6, "packed": 1.5}
-CPU_BREAK_EVEN_LOOKUP = {"packed": 1.7}
+CPU_BREAK_EVEN_LOOKUP = {"packed": 1.6}
 
 
 def _fallback(args, opts):
@@ -209,8 +211,8 @@ def _fallback(args, opts):
     small = opts.tree.total_tokens <= CPU_TREES[form][2]   # no larger than the machine's own tree
     if not small:
         return ArFallback(**extra)
-    # the packed form's 2x2x4 round with a lookup of 3 cost 1.70 AR steps at 2K (against 1.45 without;
-    # bench/results/cpu-s29/spec-2k-paired-*), its rows grown by the chain's
+    # the packed form's 2x2x4 round with a lookup of 3 cost 1.54-1.60 AR steps at 2K (1.42 without;
+    # MAL over tok/s in bench/results/cpu-s29/spec-2k-paired-lookup3-compact), its rows grown by the chain's
     prior = CPU_BREAK_EVEN_LOOKUP.get(form, CPU_BREAK_EVEN[form]) if opts.lookup else CPU_BREAK_EVEN[form]
     return ArFallback(prior_break_even=prior, **extra)
 
