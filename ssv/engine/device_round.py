@@ -22,9 +22,8 @@ from ssv.engine.runner import Runner
 from ssv.engine.sync_guard import guarded
 from ssv.spec.accept import probs_unchecked
 from ssv.ops.accept.naive import round_record_naive
-from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, grow_pool, sample_device
-from ssv.spec.lookup import attach_chain_device, context_lookup, grow_spares, no_spares
-from ssv.spec.tree import TreeSpec
+from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
+from ssv.spec.lookup import grow_with_chain
 
 
 def _pkey(params):
@@ -129,21 +128,8 @@ class DeviceEngine:
             io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
                                                           cache.dlen, ids=dr.vocab_ids)
             return
-        # the head grows K spares more; the chain looked up takes the place of as many as it needs
-        # (without spares: the tree, and the chain's new nodes after it)
-        K = opts.lookup
-        if opts.spares:
-            pool = grow_pool(dr.expand_rows, self.tok[0], dr.dlogp_buf,
-                             TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids=dr.vocab_ids)
-            flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth,
-                                                 cache.dlen)
-        else:
-            flat, mask, pos = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order, cache.dlen,
-                                        ids=dr.vocab_ids)
-            spare = no_spares(flat, K)
-        toks, valid = context_lookup(self.hist, cache.dlen.long() + 1, K)
-        io["tree"], io["mask"], io["pos"] = attach_chain_device(flat, mask, pos, spare, toks, valid,
-                                                                compact=not opts.spares)
+        io["tree"], io["mask"], io["pos"] = grow_with_chain(dr.expand_rows, self.tok[0], dr.dlogp_buf, opts, cache.dlen,
+                                                            self.hist, ids=dr.vocab_ids)
 
     def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model

@@ -174,3 +174,22 @@ def no_spares(tree, K: int):
     from ssv.spec.device import DeviceTree
     one = torch.ones(K, dtype=torch.long, device=tree.tokens.device)
     return DeviceTree(tree.tokens[1] * one, 0 * one, torch.full((K,), float("-inf"), device=one.device), one)
+
+
+def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, opts, dlen: torch.Tensor,
+                    hist: torch.Tensor, ids=None):
+    """A greedy device round's draft with a context lookup (`opts.lookup` = K, SpecOptions): the head's
+    tree (`grow_flat`'s flattened tree, mask, positions) with the chain looked up in `hist` (the
+    text's tokens by position, the root at dlen) attached. With spares the head grows K candidates
+    more for the chain to displace (fixed rows); without, the chain's new nodes come after the tree."""
+    from ssv.spec.device import grow_flat, grow_pool
+    from ssv.spec.tree import TreeSpec
+    spec, K = opts.tree, opts.lookup
+    if opts.spares:
+        pool = grow_pool(expand, root_token, root_logp, TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids)
+        flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, dlen)
+    else:
+        flat, mask, pos = grow_flat(expand, root_token, root_logp, spec, opts.order, dlen, ids=ids)
+        spare = no_spares(flat, K)
+    toks, valid = context_lookup(hist, dlen.long() + 1, K)
+    return attach_chain_device(flat, mask, pos, spare, toks, valid, compact=not opts.spares)
