@@ -18,7 +18,7 @@ from ssv.attention import StepMeta, VerifyOptions
 from ssv.engine.generate import GenResult, _sync, check_budget, pick_token
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
-from ssv.spec.lookup import attach_chain, chain_of
+from ssv.spec.lookup import attach_chain, context_lookup
 from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, flatten, tree_metadata
 
 
@@ -152,6 +152,9 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     _sync(runner.device)
     t1 = time.perf_counter()
     out, stop = [root], "length"
+    # the host round's text by position for a context lookup, filled as tokens are emitted
+    P, written = len(prompt_ids), 0
+    hist = None
     n = {"rounds": 0, "ar": 0}
     held = []   # the host fall-back's AR rows owed to the drafter
     depth_hits = [0] * ((opts.max_depth if opts is not None else 0) + 1)
@@ -218,9 +221,14 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                 root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
                                            torch.tensor([h[1] for h in held]))
                 held.clear()
-            # the chain only in greedy rounds: its tokens have no draft distribution to sample by
-            chain = chain_of(torch.tensor(prompt_ids + out), len(prompt_ids) + len(out), opts.lookup) \
-                if opts.lookup and params.greedy else None
+            chain = None   # greedy rounds only: a looked-up token has no draft distribution to sample by
+            if opts.lookup and params.greedy:
+                if hist is None:
+                    hist = torch.tensor(prompt_ids + [0] * (max_new_tokens + 1))
+                hist[P + written:P + len(out)] = torch.tensor(out[written:])   # the tokens since the last round
+                written = len(out)
+                toks, valid = context_lookup(hist, P + written, opts.lookup)
+                chain = toks[valid].tolist()
             tree, _ = draft(drafter, out[-1], root_logp, opts, chain)
             logits, taps = verify(runner, tree, opts, taps=drafter.taps)
             res = accept(tree, logits, params, gen)

@@ -167,18 +167,23 @@ def _tree_finish(x: torch.Tensor, T: int, M: int):
 
 
 def _kept(tok, par, score, T: int, k: int = 1) -> DeviceTree:
-    M = tok.numel()
-    dev = tok.device
-    kept = torch.zeros(1, dtype=torch.long, device=dev)
+    kept = torch.zeros(1, dtype=torch.long, device=tok.device)
     if T > 1:   # (the rank kernel takes k >= 1)
         kept = torch.cat([kept, _stable_top(score[1:], T - 1, by_index=True)[1] + 1])
-    new_index = torch.full((M,), -1, dtype=torch.long, device=dev)
-    new_index[kept] = torch.arange(T, device=dev)
+    return _kept_at(tok, par, score, kept, k)
+
+
+def pool_depth(i: torch.Tensor, k: int) -> torch.Tensor:
+    """A pool node's depth, fixed by where it was created: the root, k children, then k*k a level."""
+    return torch.where(i == 0, 0, torch.where(i <= k, 1, 2 + (i - 1 - k).clamp_min(0) // (k * k)))
+
+
+def _kept_at(tok, par, score, kept: torch.Tensor, k: int) -> DeviceTree:
+    """The pool's nodes `kept` (the root first, ascending pool ids) as a tree."""
+    new_index = torch.full((tok.numel(),), -1, dtype=torch.long, device=tok.device)
+    new_index[kept] = torch.arange(kept.numel(), device=tok.device)
     parents = torch.where(par[kept] >= 0, new_index[par[kept].clamp_min(0)], par[kept])
-    # a pool node's depth is fixed by where it was created: the root, k children, then k*k a level
-    i = kept
-    depth = torch.where(i == 0, 0, torch.where(i <= k, 1, 2 + (i - 1 - k).clamp_min(0) // (k * k)))
-    return DeviceTree(tok[kept], parents, score[kept].float(), depth)
+    return DeviceTree(tok[kept], parents, score[kept].float(), pool_depth(kept, k))
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

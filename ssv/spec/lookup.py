@@ -88,12 +88,6 @@ def attach_chain(tree: DraftTree, chain: list, spares: int) -> DraftTree:
                      torch.tensor(s2, dtype=torch.float32))
 
 
-def chain_of(hist: torch.Tensor, length: int, k: int) -> list:
-    """The host's chain: `context_lookup`'s valid tokens as a list."""
-    toks, valid = context_lookup(hist, length, k)
-    return toks[valid].tolist()
-
-
 def attach_chain_device(tree, mask: torch.Tensor, pos: torch.Tensor, spare, toks: torch.Tensor, valid: torch.Tensor,
                         compact: bool = False):
     """`attach_chain` in fixed shapes, on a flattened `DeviceTree` of T nodes with its ancestor mask
@@ -148,24 +142,19 @@ def grow_spares(tok, par, score, T: int, K: int, k: int, order: str, spec_depth:
     its mask and positions (what `grow_flat` gives), and the next K candidates by rank (score, then
     pool index: `_kept`'s order) as spares (a DeviceTree; parents index the flattened T nodes or,
     as T + i, spare i: a spare's parent ranks before it). The tensor form (the CPU's)."""
-    from ssv.spec.device import DeviceTree, _kept, _stable_top, flatten_device_masked
+    from ssv.spec.device import DeviceTree, _kept_at, _stable_top, flatten_device_masked, pool_depth
     from ssv.spec.tree import TreeSpec
     M, dev = tok.numel(), tok.device
-    kept_tree = _kept(tok, par, score, T, k)
-    flat, perm, mask = flatten_device_masked(kept_tree, order, TreeSpec(spec_depth, k, T))
-    kept = torch.zeros(1, dtype=torch.long, device=dev)
-    if T > 1:
-        kept = torch.cat([kept, _stable_top(score[1:], T - 1, by_index=True)[1] + 1])
-    ranked = _stable_top(score[1:], T + K - 1)[1] + 1                  # descending rank
+    # one ranking: its first T - 1 are the kept set (`_kept`'s, in pool order), the next K the spares
+    ranked = _stable_top(score[1:], T + K - 1)[1] + 1
+    kept = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), ranked[:T - 1].sort().values])
+    flat, perm, mask = flatten_device_masked(_kept_at(tok, par, score, kept, k), order, TreeSpec(spec_depth, k, T))
     spares = ranked[T - 1:]
     where = torch.full((M,), -1, dtype=torch.long, device=dev)
     where[kept[perm]] = torch.arange(T, device=dev)
     where[spares] = T + torch.arange(K, device=dev)
-    depth = torch.where(spares <= k, 1, 2 + (spares - 1 - k).clamp_min(0) // (k * k))
-    spare = DeviceTree(tok[spares], where[par[spares]], score[spares].float(), depth)
+    spare = DeviceTree(tok[spares], where[par[spares]], score[spares].float(), pool_depth(spares, k))
     return flat, mask, dlen.long() + flat.depth, spare
-
-
 
 
 def no_spares(tree, K: int):
