@@ -26,7 +26,7 @@ case "${1:?call number}" in
     timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS1:-tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
         tests/ops/test_glue.py tests/ops/test_route_topk.py tests/engine/test_fallback.py} 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
     [ -n "${PROBE_DENSE:-}" ] && timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-$SSV_COMMIT.json" 2>&1 | tail -40
-    timeout ${STEPS_TIMEOUT:-240} python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
+    [ -n "${NO_STEPS:-}" ] || timeout ${STEPS_TIMEOUT:-240} python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
     ;;
 2)
     [ -n "${SKIP2:-}" ] && exit 0
@@ -38,6 +38,12 @@ case "${1:?call number}" in
     timeout 560 python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts .stage/e2e-prompts.json \
         --contexts ${CONTEXTS:-4096 1024 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
         --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" "${@:2}" 2>&1 | tail -60
+    ;;
+spec)  # `ssv bench spec` on the graphed CUDA round in place of (or after) call 3: MAL by family and
+      # depth; arguments after `spec` go to it (e.g. --lookup 8 --modes "ssv strict" "ssv strict lookup 8")
+    bash scripts/train_draft_gpu.sh assemble
+    timeout ${SPEC_TIMEOUT:-560} python3 -m ssv bench spec --model /tmp/ssv-smollm2.gguf --device cuda --device-round \
+        --prompts .stage/e2e-prompts.json --out "$OUTD/spec" "${@:2}" 2>&1 | tail -40
     ;;
 planner)  # `ssv bench planner` (carry .stage/planner-prompts.json: scripts/make_e2e_prompts.py --docs 4
           # --out .stage/planner-prompts.json) after calls 1 and 2, in place of call 3

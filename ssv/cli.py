@@ -78,9 +78,6 @@ def _check_generate(args) -> tuple:
     text, profile = _prompt_text(args), None
     if args.mode != "ar":
         _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
-        if args.lookup and args.device == "cuda" and not (args.host_round or args.record_routing):
-            raise ValueError("--lookup on CUDA needs --host-round: the CUDA round's kernels are not validated "
-                             "with a looked-up chain yet")
         if args.draft != "default":
             from ssv.draft.io import read_config
             read_config(args.draft)

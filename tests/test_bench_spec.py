@@ -220,6 +220,8 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
                                              "--prompts", prompts, "--families", "code", "--temperatures", 0,
                                              "--device-round"], capsys)
     dc = json.loads((tmp_path / "spec-cpu.json").read_text())
+    fails(base + ["--lookup", 2, "--lookup-compact", "--device-round", "--device", "cuda"], capsys,
+          "--lookup-compact verifies rows that depend on the data")
     assert {r["mode"] for r in dc["rows"]} == {"ar", "ssv strict lookup 2 compact"}
     assert all(r["first_diff_vs_ar"] is None for r in dc["rows"])
     assert [(r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in dl["rows"]] == [

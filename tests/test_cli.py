@@ -150,7 +150,6 @@ def test_generate_refuses_bad_options_before_loading_the_model(capsys, monkeypat
     fails(spec + ["--group-size", 3], capsys, "group size")
     fails(spec + ["--refresh-every", 2], capsys, "approx")
     fails(spec + ["--lookup", 17], capsys, "lookup must be an int in [0, 16]")
-    fails(spec + ["--lookup", 4, "--device", "cuda"], capsys, "--lookup on CUDA needs --host-round")
     fails(spec + ["--tree-tokens", 129, "--tree-depth", 8, "--tree-topk", 16], capsys, "128")
     fails(spec + ["--draft", tmp_path / "no-head"], capsys, "EAGLE-3 head folder not found", "no-head")
     fails(spec + ["--profile", tmp_path / "p.json"], capsys, "profile not found")

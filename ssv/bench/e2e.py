@@ -31,25 +31,32 @@ from ssv.spec.accept import SamplingParams
 from ssv.spec.fallback import ArFallback
 from ssv.spec.tree import TreeSpec
 
-MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv approx C16", "ssv approx C16 reuse/2",
-         "ar dense", "eagle3 dense", "transformers")
+MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv strict lookup", "ssv approx C16",
+         "ssv approx C16 reuse/2", "ar dense", "eagle3 dense", "eagle3 dense lookup", "transformers")
+# the lookup modes: the head's tree LOOKUP nodes smaller, a chain of up to LOOKUP tokens from the
+# context in their rows (spares: the same 48 rows a round, a graph's fixed shape; ssv.spec.lookup).
+# The dense baseline gets the same chain: drafting from the context is not NSA's
+LOOKUP = 8
 GREEDY = SamplingParams(temperature=0.0)
 QUESTION = "\n\nWhat is the text above about? Answer in a few sentences."
 
 
 def mode_table(n_layers: int, tree: TreeSpec) -> dict:
     """mode -> (attention, SpecOptions or None for AR)."""
-    def so(c, precision="strict", every=1):
-        return SpecOptions(tree=tree, order="pos", verify=VerifyOptions(c, precision, VerifyOptions.every(every, n_layers)))
+    def so(c, precision="strict", every=1, lookup=0):
+        t = TreeSpec(tree.depth, tree.top_k, tree.total_tokens - lookup)
+        return SpecOptions(tree=t, order="pos", verify=VerifyOptions(c, precision, VerifyOptions.every(every, n_layers)),
+                           lookup=lookup)
     return {"ar-nsa": ("nsa", None), "sd-naive": ("nsa", so(1)), "ssv strict": ("nsa", so(4)),
-            "ssv strict no-fallback": ("nsa", so(4)),
+            "ssv strict no-fallback": ("nsa", so(4)), "ssv strict lookup": ("nsa", so(4, lookup=LOOKUP)),
+            "eagle3 dense lookup": ("dense", so(1, lookup=LOOKUP)),
             "ssv approx C16": ("nsa", so(16, "approx")), "ssv approx C16 reuse/2": ("nsa", so(16, "approx", 2)),
             "ar dense": ("dense", None), "eagle3 dense": ("dense", so(1))}
 
 
 # the ssv modes fall back to AR steps while speculation does not pay (`ArFallback`, as `ssv generate
 # --mode ssv` does); the baselines speculate every round, as published
-FALLBACK = ("ssv strict", "ssv approx C16", "ssv approx C16 reuse/2")
+FALLBACK = ("ssv strict", "ssv strict lookup", "ssv approx C16", "ssv approx C16 reuse/2")
 
 
 def prompt_ids(tok, family: str, text: str, context: int, end: int | None = None) -> list:
@@ -172,7 +179,10 @@ def run_default(args, env: dict, save) -> list:
         else:
             fb = None
             if mode in FALLBACK:  # the warm-up forces a burst: the fall-back's graphs are captured too
-                fb = ArFallback(slack=0, min_ar=4, max_ar=4, prior_break_even=1e9) if warm else ArFallback()
+                # with a lookup a round accepts more than the head's agreement says: rounds alone judge
+                extra = {"use_agreement": False} if opts.lookup else {}
+                fb = (ArFallback(slack=0, min_ar=4, max_ar=4, prior_break_even=1e9, **extra) if warm
+                      else ArFallback(**extra))
             res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng, fallback=fb)
         eng.timing = False
         split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}

@@ -28,7 +28,7 @@ def default_layer_ids(n_layers: int) -> tuple:
         # tiny targets: three distinct layers spread over the stack
         ids = tuple(sorted({0, max(0, n_layers // 2 - 1), n_layers - 1}))
         if len(ids) != 3:
-            raise ValueError(f"an EAGLE-3 head needs a target with at least 3 layers, got {n_layers}")
+            raise ValueError(f"an EAGLE-3 head taps three distinct layers: it needs a target of at least 4, got {n_layers}")
     return ids
 
 

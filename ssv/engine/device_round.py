@@ -313,11 +313,11 @@ class DeviceEngine:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
         if _looks_up(opts, params):
-            if self.runner.device.type == "cuda":
-                raise ValueError("a context lookup (SpecOptions.lookup) runs on the CPU's device round and "
-                                 "the host round; the CUDA round's kernels are not validated with it yet")
             if not self._hist_ready:
                 raise ValueError("a context lookup needs the prompt's tokens: start(..., history=prompt)")
+            if self.graphs and not opts.spares:
+                raise ValueError("a compact lookup (spares=False) verifies rows that depend on the data, which "
+                                 "a CUDA graph cannot hold: use spares=True, or graphs=False")
         if _depth(opts, params) + 2 > self.out.numel():
             raise ValueError(f"tree depth {_depth(opts, params)} exceeds the round record's {self.out.numel() - 2}")
         self.catch_up()

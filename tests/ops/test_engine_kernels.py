@@ -175,3 +175,52 @@ def test_sampled_graph_replay_equals_eager():
             assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
         outs[graphs] = (sa.token_ids, sp.token_ids)
     assert outs[True] == outs[False]
+
+
+def _lookup_case(device, dtype=torch.float32):
+    """A target whose greedy text repeats its prompt's phrases (a 24-token vocabulary, head_dim 16 for
+    tl.dot), a prompt of one repeated phrase and a tiny EAGLE-3 head: a round's chain from the context
+    reaches deeper than the head's 2 levels."""
+    from ..draft.helpers import tiny_target
+    target = tiny_target(vocab=24, layers=4, head_dim=16).to(device).to(dtype)
+    base = [3, 7, 1, 9, 4, 4, 2, 8, 5, 1, 6]
+    prompt = (base * 7)[:70]
+    return target, prompt, tiny_head(target, draft_vocab=16, window=64).to(device).to(dtype)
+
+
+def test_kernel_round_with_lookup_emits_ar_tokens():
+    """A context lookup on the kernel round (the CUDA round's form: spares, fixed rows): the verify plan
+    holds the chain's rows after the tree, the accept walk goes deeper than the tree and the commit
+    kernel moves the longer path; tokens are AR's on the reference ops."""
+    target, prompt, head = _lookup_case(DEV)
+    ref = Runner(target, attention="nsa", nsa=NSA, max_len=200, backend="reference")
+    ar = generate_ar(ref, prompt, GREEDY, 12)
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=200, backend="triton")
+    d = Eagle3Drafter(head, target, fused=True)
+    res = generate_spec(r, d, prompt, GREEDY, 12, opts=SpecOptions(tree=TreeSpec(2, 3, 3), lookup=5),
+                        engine=DeviceEngine(r, d, graphs=False, check_sync=True))
+    assert res.token_ids == ar.token_ids
+    assert len(res.stats["acceptance_by_depth"]) > 2   # some round accepted past the head's depth
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_lookup_round():
+    """The lookup's draft graph (head pool, spares, chain attached in fixed shapes), the verify graph
+    on T + K rows and the accept graph's deeper walk: graphed equals eager, chains accepted past the
+    tree's depth; a compact lookup (rows that depend on the data) is refused with graphs."""
+    target, prompt, head = _lookup_case("cuda", torch.bfloat16)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
+        d = Eagle3Drafter(head, target)
+        eng = DeviceEngine(r, d, graphs=graphs)
+        sp = generate_spec(r, d, prompt, GREEDY, 120, opts=SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8), engine=eng)
+        if graphs:
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            with pytest.raises(ValueError, match="compact"):
+                eng.launch_spec(SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8, spares=False))
+        assert len(sp.stats["acceptance_by_depth"]) > 3
+        outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.slot_pos.cpu(), r.cache.k[:, :, :r.length].float().cpu())
+    assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
+    assert torch.equal(outs[True][2], outs[False][2]) and torch.equal(outs[True][3], outs[False][3])
