@@ -3,7 +3,7 @@ the CPU as scripts/count_launches.py counts an AR step: Triton's interpreter, th
 fused EAGLE-3 drafter forced, the CUDA-only kernels (vocabulary and rank top-k, tree level, accept
 walk, tree finish) swapped in for their torch twins; every Triton launch and every ATen op that would be a kernel (views excluded).
 The tree is the GPU default (depth 6, top-k 8, 48 tokens); verify is counted at 4 and 6 layers (a head taps 3 distinct ones).
-Usage: python3 scripts/count_round_launches.py [label]   (JSON to $OUT or bench/results)"""
+Usage: [LOOKUP=K] python3 scripts/count_round_launches.py [label]   (JSON to $OUT or bench/results)"""
 import json, os, sys
 sys.path.insert(0, "."); sys.path.insert(0, "tests"); sys.path.insert(0, "scripts")
 from launch_counter import NSA, Count, cnt  # noqa: E402  (first: the interpreter mode)
@@ -37,6 +37,10 @@ from ssv.engine.spec import SpecOptions  # noqa: E402
 from ssv.spec.tree import TreeSpec  # noqa: E402
 
 
+# LOOKUP=K: the round with a context lookup of K (the head's tree K nodes smaller: 48 rows)
+LOOKUP = int(os.environ.get("LOOKUP", "0"))
+
+
 def count(layers):
     t = make_tiny_model(1, vocab=256, n_layers=layers, n_heads=4, n_kv_heads=2, head_dim=64, hidden=128,
                         intermediate=256)
@@ -48,8 +52,8 @@ def count(layers):
         from ssv.draft.drafter import join_prefill_taps
         d.commit(join_prefill_taps(taps), list(range(2, 61)))
     e = DeviceEngine(r, d, graphs=False)
-    e.start(5)
-    opts = SpecOptions(tree=TreeSpec(6, 8, 48))
+    e.start(5, history=list(range(1, 60)))
+    opts = SpecOptions(tree=TreeSpec(6, 8, 48 - LOOKUP), lookup=LOOKUP)
     e.spec_round(opts)
     phases, _ = e._spec_phases(opts)
     out = {}
@@ -77,7 +81,8 @@ for ph in a:
 import datetime, triton  # noqa: E402
 from ssv.bench.kernels import _commit  # noqa: E402
 env = {"device": "cpu (Triton interpreter; counts, not times)", "torch": torch.__version__, "triton": triton.__version__,
-       "date": datetime.date.today().isoformat(), "commit": _commit(), "tree": "depth 6, top-k 8, 48 tokens"}
+       "date": datetime.date.today().isoformat(), "commit": _commit(), "tree": "depth 6, top-k 8, 48 tokens",
+       "lookup": LOOKUP}
 label = sys.argv[1] if len(sys.argv) > 1 else (env["commit"] or "unknown")[:7]
 path = os.path.join(os.environ.get("OUT", "bench/results"), f"round-launches-{label}.json")
 with open(path, "w") as f:
