@@ -60,6 +60,7 @@ class DeviceEngine(PhaseGraphs):
         # from the context (SpecOptions.lookup); set by `start(history=)`
         self.hist = torch.zeros(runner.cache.max_len + runner.cache.scratch + 1, dtype=torch.long, device=dev)
         self._hist_ready = False
+        self._lookup_best = None   # the fused lookup's workspace (kernel rounds; ssv.ops.lookup), made on first use
         # sampling: uniforms drawn into static buffers before each replay (outside the graphs, so a
         # graph is the same function of its inputs whatever the seed)
         self.gen = torch.Generator(device=dev)
@@ -119,8 +120,12 @@ class DeviceEngine(PhaseGraphs):
             io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
                                                           cache.dlen, ids=dr.vocab_ids)
             return
+        if self._lookup_best is None and self.kernels:
+            from ssv.ops.lookup.ops import lookup_workspace
+            self._lookup_best = lookup_workspace(device=self.hist.device)
         io["tree"], io["mask"], io["pos"] = grow_with_chain(dr.expand_rows, self.tok[0], dr.dlogp_buf, opts, cache.dlen,
-                                                            self.hist, ids=dr.vocab_ids)
+                                                            self.hist, ids=dr.vocab_ids, fused=self.kernels,
+                                                            best=self._lookup_best)
 
     def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model

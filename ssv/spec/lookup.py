@@ -166,11 +166,14 @@ def no_spares(tree, K: int):
 
 
 def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, opts, dlen: torch.Tensor,
-                    hist: torch.Tensor, ids=None):
+                    hist: torch.Tensor, ids=None, fused: bool = False, best: torch.Tensor = None):
     """A greedy device round's draft with a context lookup (`opts.lookup` = K, SpecOptions): the head's
     tree (`grow_flat`'s flattened tree, mask, positions) with the chain looked up in `hist` (the
     text's tokens by position, the root at dlen) attached. With spares the head grows K candidates
-    more for the chain to displace (fixed rows); without, the chain's new nodes come after the tree."""
+    more for the chain to displace (fixed rows); without, the chain's new nodes come after the tree.
+    fused (the kernel round's, with spares): the lookup and the attachment in two launches
+    (`ssv.ops.lookup`; best: its workspace, `lookup_workspace`, owned by the caller) where the tensor
+    form is ~290 small ops."""
     from ssv.spec.device import grow_flat, grow_pool
     from ssv.spec.tree import TreeSpec
     spec, K = opts.tree, opts.lookup
@@ -180,5 +183,8 @@ def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, o
     else:
         flat, mask, pos = grow_flat(expand, root_token, root_logp, spec, opts.order, dlen, ids=ids)
         spare = no_spares(flat, K)
+    if fused and opts.spares:
+        from ssv.ops.lookup.ops import lookup_attach
+        return lookup_attach(hist, dlen.long() + 1, flat, mask, pos, spare, K, best=best)
     toks, valid = context_lookup(hist, dlen.long() + 1, K)
     return attach_chain_device(flat, mask, pos, spare, toks, valid, compact=not opts.spares)
