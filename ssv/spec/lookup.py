@@ -185,6 +185,6 @@ def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, o
         spare = no_spares(flat, K)
     if fused and opts.spares:
         from ssv.ops.lookup.ops import lookup_attach
-        return lookup_attach(hist, dlen.long() + 1, flat, mask, pos, spare, K, best=best)
+        return lookup_attach(hist, dlen, flat, mask, pos, spare, K, best=best, length_offset=1)
     toks, valid = context_lookup(hist, dlen.long() + 1, K)
     return attach_chain_device(flat, mask, pos, spare, toks, valid, compact=not opts.spares)
