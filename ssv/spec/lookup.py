@@ -178,8 +178,17 @@ def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, o
     from ssv.spec.tree import TreeSpec
     spec, K = opts.tree, opts.lookup
     if opts.spares:
-        pool = grow_pool(expand, root_token, root_logp, TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K), ids)
-        flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, dlen)
+        big = TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K)
+        pool = grow_pool(expand, root_token, root_logp, big, ids)
+        from ssv.ops.tree.ops import MAX_POOL, MAX_TREE, tree_finish
+        if fused and spec.total_tokens <= MAX_TREE and big.max_nodes <= MAX_POOL:
+            # the kept tree and its spares in the tree finish's one launch (ssv/ops/tree)
+            from ssv.spec.device import DeviceTree
+            tok, par, sc, dep, pos, mask, *sp = tree_finish(*pool, dlen, spec.total_tokens, spec.top_k, spec.depth,
+                                                            opts.order, spares=K)
+            flat, spare = DeviceTree(tok, par, sc, dep), DeviceTree(*sp)
+        else:
+            flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, dlen)
     else:
         flat, mask, pos = grow_flat(expand, root_token, root_logp, spec, opts.order, dlen, ids=ids)
         spare = no_spares(flat, K)

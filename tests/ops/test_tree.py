@@ -121,6 +121,25 @@ def test_tree_finish_matches_the_tensor_form(K, D, T, order, seed):
     assert got[5].diagonal().all() and torch.equal(got[4], got[3] + dlen.long())
 
 
+@pytest.mark.parametrize("K,D,T,S", [(8, 6, 40, 8), (3, 4, 12, 5), (2, 3, 6, 1), (5, 2, 20, 11)])
+@pytest.mark.parametrize("order", ["bfs", "dfs", "pos"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_finish_spares_match_grow_spares(K, D, T, S, order, seed):
+    """The next S nodes by rank beside the kept tree (a lookup's spares): grow_spares's, parents as
+    flattened positions or T + spare rank, on pools with ties, -inf and (seed 1) NaN scores."""
+    pool = _random_pool(K, D, seed + 10, nan=seed == 1)
+    dlen = torch.tensor([500], dtype=torch.int32, device=DEV)
+    got = tree_finish(*pool, dlen, T, K, D, order, spares=S)
+    want = tree_finish_naive(*pool, dlen, T, K, D, order, spares=S)
+    assert len(got) == len(want) == 10
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert torch.equal(a.nan_to_num(-9.0) if a.is_floating_point() else a,
+                           b.nan_to_num(-9.0) if b.is_floating_point() else b), i
+    with pytest.raises(ValueError, match="spares"):
+        tree_finish(*pool, dlen, T, K, D, order, spares=17)
+
+
 @pytest.mark.parametrize("spec", [TreeSpec(3, 2, 7), TreeSpec(6, 8, 48), TreeSpec(2, 16, 20)])
 @pytest.mark.parametrize("order", ["bfs", "dfs"])
 def test_grow_flat_through_the_kernels_matches_grow_tree_flattened(spec, order, monkeypatch):

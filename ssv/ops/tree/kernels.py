@@ -57,9 +57,10 @@ def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, fro
 
 @triton.jit
 def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par, o_score, o_depth, o_pos, o_mask,
+                           ws_sp, o_sp_tok, o_sp_par, o_sp_score, o_sp_depth,
                            M: tl.constexpr, T: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
                            LEVEL: tl.constexpr, BM: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           SP: tl.constexpr = 0, BSP: tl.constexpr = 16, PDL: tl.constexpr = False):
     # one program: the kept set over the pool (stage 1), then the kept tree's order, mask and
     # positions in registers (stage 2); the two stages hand over through ws_new / ws_node, so a
     # barrier makes stage 1's stores visible to every thread of the program
@@ -80,8 +81,13 @@ def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par,
         b_before = (b_gt | (b_eq & (o_j[None, :] < o_m[:, None]))) & m_j[None, :]
         b_rank += tl.sum(b_before.to(tl.int32), 1)
     m_keep = m_m & ((o_m == 0) | (b_rank < T - 1))
-    # kept nodes numbered in pool order (the root first)
+    # kept nodes numbered in pool order (the root first); SP: the next SP by rank are spares, marked
+    # -2 - (their rank among the spares) in ws_new
     b_new = tl.where(m_keep, tl.cumsum(m_keep.to(tl.int32), 0) - 1, -1)
+    if SP > 0:
+        m_sp = m_m & (o_m > 0) & (b_rank >= T - 1) & (b_rank < T - 1 + SP)
+        b_new = tl.where(m_sp, -2 - (b_rank - (T - 1)), b_new)
+        tl.store(ws_sp + (b_rank - (T - 1)), o_m.to(tl.int64), mask=m_sp)
     tl.store(ws_new + o_m, b_new.to(tl.int64), mask=m_m)
     tl.store(ws_node + b_new, o_m.to(tl.int64), mask=m_keep)
     tl.debug_barrier()
@@ -92,6 +98,7 @@ def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par,
     b_tk = tl.load(tok + b_i, mask=m_t, other=0)
     b_pp = tl.load(par + b_i, mask=m_t, other=-1)
     b_p = tl.load(ws_new + tl.maximum(b_pp, 0), mask=m_t & (b_pp >= 0), other=-1)                # kept parent
+    b_p = tl.maximum(b_p, -1)   # a parent that is a spare (-2 - i) is not kept
     b_sc = tl.load(score + b_i, mask=m_t, other=0.0).to(tl.float32)
     # depth by creation: the root, K children, then K*K a level
     b_d = tl.where(b_i == 0, 0, tl.where(b_i <= K, 1, 2 + tl.maximum(b_i - 1 - K, 0) // (K * K))).to(tl.int64)
@@ -122,3 +129,21 @@ def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par,
     tl.store(o_depth + b_kr, b_d, mask=m_t)
     tl.store(o_pos + b_kr, tl.load(dlen).to(tl.int64) + b_d, mask=m_t)
     tl.store(o_mask + b_kr[:, None] * T + b_kr[None, :], b_mask, mask=m_t[:, None] & m_t[None, :])
+    if SP > 0:
+        # the spares (rank order): a parent kept is named by its flattened position (ws_node now maps
+        # kept number -> position), a parent that is itself a spare as T + its spare rank
+        tl.debug_barrier()
+        tl.store(ws_node + o_t, b_kr, mask=m_t)
+        tl.debug_barrier()
+        o_s = tl.arange(0, BSP)
+        m_s = o_s < SP
+        b_si = tl.load(ws_sp + o_s, mask=m_s, other=0)                                              # [BSP] pool ids
+        b_sv = tl.load(ws_new + tl.maximum(tl.load(par + b_si, mask=m_s, other=0), 0), mask=m_s, other=0)
+        # (a parent neither kept nor a spare, -1: a NaN child ranked before its parent, as the tensor form)
+        b_sp = tl.where(b_sv >= 0, tl.load(ws_node + tl.maximum(b_sv, 0), mask=m_s, other=0),
+                        tl.where(b_sv <= -2, T + (-2 - b_sv), -1))
+        b_sd = tl.where(b_si <= K, 1, 2 + tl.maximum(b_si - 1 - K, 0) // (K * K)).to(tl.int64)
+        tl.store(o_sp_tok + o_s, tl.load(tok + b_si, mask=m_s, other=0), mask=m_s)
+        tl.store(o_sp_par + o_s, b_sp, mask=m_s)
+        tl.store(o_sp_score + o_s, tl.load(score + b_si, mask=m_s, other=0.0).to(tl.float32), mask=m_s)
+        tl.store(o_sp_depth + o_s, b_sd, mask=m_s)

@@ -48,14 +48,19 @@ def tree_level_naive(vals, toks, t: int, base: int, root, front, rows_in, tok, p
     rows_out.copy_(rows)
 
 
-def tree_finish_naive(tok, par, score, dlen, T: int, K: int, D: int, order: str):
+def tree_finish_naive(tok, par, score, dlen, T: int, K: int, D: int, order: str, spares: int = 0):
     """The kept tree of a grown pool, flattened in `order`, with its mask and positions: the tensor
     form (`ssv.spec.device._kept` and `flatten_device_masked`, ~75 launches on CUDA).
 
     tok / par / score [M] the pool (int64, int64, float64; M = 1 + K + (D - 1) K^2); dlen [1] the
     committed length. Returns tokens, parents, scores (float32), depth, pos = dlen + depth [T] and the
-    ancestor mask [T, T] bool, in the traversal order."""
+    ancestor mask [T, T] bool, in the traversal order. spares: then the next `spares` nodes by rank
+    (`ssv.spec.lookup.grow_spares`): tokens, parents, scores, depth [spares]."""
     from ssv.spec.device import _kept, flatten_device_masked   # lazily: ssv.spec.device imports ops
     from ssv.spec.tree import TreeSpec
+    if spares:
+        from ssv.spec.lookup import grow_spares
+        flat, mask, pos, sp = grow_spares(tok, par, score, T, spares, K, order, D, dlen)
+        return flat.tokens, flat.parents, flat.scores, flat.depth, pos, mask, sp.tokens, sp.parents, sp.scores, sp.depth
     flat, _, mask = flatten_device_masked(_kept(tok, par, score, T, K), order, TreeSpec(D, K, T))
     return flat.tokens, flat.parents, flat.scores, flat.depth, dlen.long() + flat.depth, mask

@@ -38,29 +38,41 @@ MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the
 MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
 
 
-def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 32, bj: int = 32):
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 32, bj: int = 32,
+                spares: int = 0):
     """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
     the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
     in [BM, bj] tiles). H200, the default tree (`bench/results/round-ops/`): 41 us at 32 warps, 55 at
     16, 64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32; at 16
-    warps bj 64 took 139 us), against 146 us for the tensor ops it replaces."""
+    warps bj 64 took 139 us), against 146 us for the tensor ops it replaces. spares: also the next
+    `spares` pool nodes by rank (`ssv.spec.lookup.grow_spares`'s, for a context lookup to displace):
+    tokens, parents (a flattened position, or T + i for spare i), scores (float32), depth [spares],
+    returned after the six."""
     M = tok.numel()
     if order not in ("bfs", "dfs", "pos"):
         raise ValueError(f"tree_finish: order must be bfs, dfs or pos, got {order!r}")
     if M != 1 + K + (D - 1) * K * K or not 1 <= T <= min(M, MAX_TREE) or M > MAX_POOL:
         raise ValueError(f"tree_finish: {T} kept of a {M}-node pool (top-k {K}, depth {D}); at most {MAX_TREE} "
                          f"of {MAX_POOL}")
+    if not 0 <= spares <= 16 or T + spares > M:
+        raise ValueError(f"tree_finish: {spares} spares after {T} kept of a {M}-node pool (at most 16)")
     if score.dtype != torch.float64 or par.shape != (M,) or score.shape != (M,):
         raise ValueError("tree_finish: tok / par / score [M], score float64")
     dev = tok.device
-    ws = torch.empty(M + T, dtype=torch.long, device=dev)
+    S = max(spares, 1)
+    ws = torch.empty(M + T + S, dtype=torch.long, device=dev)
     out = torch.empty(4, T, dtype=torch.long, device=dev)   # tokens, parents, depth, pos
     scores = torch.empty(T, dtype=torch.float32, device=dev)
     mask = torch.empty(T, T, dtype=torch.bool, device=dev)
+    sp = torch.empty(3, S, dtype=torch.long, device=dev)   # spares' tokens, parents, depth
+    sp_score = torch.empty(S, dtype=torch.float32, device=dev)
     tree_finish_fwd_kernel[(1,)](
-        tok, par, score, dlen, ws, ws[M:], out[0], out[1], scores, out[2], out[3], mask,
+        tok, par, score, dlen, ws, ws[M:M + T], out[0], out[1], scores, out[2], out[3], mask,
+        ws[M + T:], sp[0], sp[1], sp_score, sp[2],
         M=M, T=T, K=K, D=D, BITS=K.bit_length(), LEVEL=order != "dfs", BM=max(16, triton.next_power_of_2(M)),
-        BJ=bj, BT=max(16, triton.next_power_of_2(T)), **pdl_args(dev), num_warps=num_warps)
-    return out[0], out[1], scores, out[2], out[3], mask
+        BJ=bj, BT=max(16, triton.next_power_of_2(T)), SP=spares, BSP=max(16, triton.next_power_of_2(S)),
+        **pdl_args(dev), num_warps=num_warps)
+    main = (out[0], out[1], scores, out[2], out[3], mask)
+    return main + (sp[0], sp[1], sp_score, sp[2]) if spares else main
