@@ -120,11 +120,11 @@ def lookup_attach(hist: torch.Tensor, length, tree, mask: torch.Tensor, pos: tor
     if not (isinstance(block, int) and 16 <= block <= 4096 and block & (block - 1) == 0):
         raise ValueError(f"lookup_attach: block must be a power of two in [16, 4096], got {block!r}")
     nhi = min(hi, S - 1)   # as context_lookup: a suffix shorter than the buffer
-    pdl = pdl_args(dev)
+    pk = pdl_args(dev)
     lookup_match_fwd_kernel[(triton.cdiv(S, block),)](hist, length, best, S=S, OFF=length_offset, NLO=lo,
-                                                      NHI=nhi, BS=block, **pdl, num_warps=num_warps)
+                                                      NHI=nhi, BS=block, **pk, num_warps=num_warps)
     lookup_attach_fwd_kernel[(1,)](hist, length, best, tree.tokens, tree.parents, tree.scores, tree.depth, mask,
                                    pos, spare.tokens, spare.parents, spare.scores, spare.depth,
                                    o_tok, o_par, o_sc, o_dep, o_mask, o_pos, S=S, OFF=length_offset, T=T, K=K,
-                                   NLO=lo, NHI=nhi, BN=pow2(n), BK=pow2(K), BR=16, **pdl, num_warps=num_warps)
+                                   NLO=lo, NHI=nhi, BN=pow2(n), BK=pow2(K), BR=16, **pk, num_warps=num_warps)
     return DeviceTree(o_tok, o_par, o_sc, o_dep), o_mask, o_pos
