@@ -60,7 +60,6 @@ class DeviceEngine(PhaseGraphs):
         # from the context (SpecOptions.lookup); set by `start(history=)`
         self.hist = torch.zeros(runner.cache.max_len + runner.cache.scratch + 1, dtype=torch.long, device=dev)
         self._hist_ready = False
-        self._lookup_best = None   # the fused lookup's workspace (kernel rounds; ssv.ops.lookup), made on first use
         # sampling: uniforms drawn into static buffers before each replay (outside the graphs, so a
         # graph is the same function of its inputs whatever the seed)
         self.gen = torch.Generator(device=dev)
@@ -73,6 +72,10 @@ class DeviceEngine(PhaseGraphs):
         # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
         # reads the length on the host, which a graph cannot
         self.kernels = r.backend == "triton" or (r.backend == "auto" and dev.type == "cuda")
+        self._lookup_best = None   # the fused lookup's workspace (ssv.ops.lookup; its second kernel resets it)
+        if self.kernels:
+            from ssv.ops.lookup.ops import lookup_workspace
+            self._lookup_best = lookup_workspace(device=dev)
         self.ring: Optional[RowRing] = None   # AR steps' drafter rows until the next round
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
@@ -120,9 +123,6 @@ class DeviceEngine(PhaseGraphs):
             io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
                                                           cache.dlen, ids=dr.vocab_ids)
             return
-        if self._lookup_best is None and self.kernels:
-            from ssv.ops.lookup.ops import lookup_workspace
-            self._lookup_best = lookup_workspace(device=self.hist.device)
         io["tree"], io["mask"], io["pos"] = grow_with_chain(dr.expand_rows, self.tok[0], dr.dlogp_buf, opts, cache.dlen,
                                                             self.hist, ids=dr.vocab_ids, fused=self.kernels,
                                                             best=self._lookup_best)

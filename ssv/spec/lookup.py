@@ -171,29 +171,25 @@ def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, o
     tree (`grow_flat`'s flattened tree, mask, positions) with the chain looked up in `hist` (the
     text's tokens by position, the root at dlen) attached. With spares the head grows K candidates
     more for the chain to displace (fixed rows); without, the chain's new nodes come after the tree.
-    fused (the kernel round's, with spares): the lookup and the attachment in two launches
+    fused (the kernel round's; spares only): the lookup and the attachment in two launches
     (`ssv.ops.lookup`; best: its workspace, `lookup_workspace`, owned by the caller) where the tensor
     form is ~290 small ops."""
-    from ssv.spec.device import grow_flat, grow_pool
+    from ssv.spec.device import DeviceTree, _tree_finish, grow_flat, grow_pool
     from ssv.spec.tree import TreeSpec
     spec, K = opts.tree, opts.lookup
-    if opts.spares:
-        big = TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K)
-        pool = grow_pool(expand, root_token, root_logp, big, ids)
-        from ssv.ops.tree.ops import MAX_POOL, MAX_TREE, tree_finish
-        if fused and spec.total_tokens <= MAX_TREE and big.max_nodes <= MAX_POOL:
-            # the kept tree and its spares in the tree finish's one launch (ssv/ops/tree)
-            from ssv.spec.device import DeviceTree
-            tok, par, sc, dep, pos, mask, *sp = tree_finish(*pool, dlen, spec.total_tokens, spec.top_k, spec.depth,
-                                                            opts.order, spares=K)
-            flat, spare = DeviceTree(tok, par, sc, dep), DeviceTree(*sp)
-        else:
-            flat, mask, pos, spare = grow_spares(*pool, spec.total_tokens, K, spec.top_k, opts.order, spec.depth, dlen)
-    else:
+    if not opts.spares:
         flat, mask, pos = grow_flat(expand, root_token, root_logp, spec, opts.order, dlen, ids=ids)
-        spare = no_spares(flat, K)
-    if fused and opts.spares:
+        toks, valid = context_lookup(hist, dlen.long() + 1, K)
+        return attach_chain_device(flat, mask, pos, no_spares(flat, K), toks, valid, compact=True)
+    big = TreeSpec(spec.depth, spec.top_k, spec.total_tokens + K)
+    pool = grow_pool(expand, root_token, root_logp, big, ids)
+    # the kept tree and its K spares: on CUDA the tree finish's one launch (ssv/ops/tree), as grow_flat's
+    finish = _tree_finish(root_logp, spec.total_tokens, big.max_nodes)
+    tok, par, sc, dep, pos, mask, *sp = finish(*pool, dlen, spec.total_tokens, spec.top_k, spec.depth, opts.order,
+                                               spares=K)
+    flat, spare = DeviceTree(tok, par, sc, dep), DeviceTree(*sp)
+    if fused:
         from ssv.ops.lookup.ops import lookup_attach
         return lookup_attach(hist, dlen, flat, mask, pos, spare, K, best=best, length_offset=1)
     toks, valid = context_lookup(hist, dlen.long() + 1, K)
-    return attach_chain_device(flat, mask, pos, spare, toks, valid, compact=not opts.spares)
+    return attach_chain_device(flat, mask, pos, spare, toks, valid)
