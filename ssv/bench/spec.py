@@ -316,7 +316,7 @@ def add_args(p) -> None:
                         "fall-back; for the CPU: on CUDA use `ssv bench e2e`, which captures graphs once)")
     p.add_argument("--lookup", type=int, default=0, metavar="K",
                    help="also measure 'ssv strict lookup K': K of the tree's nodes drafted from the context "
-                        "(ssv.spec.lookup; greedy rounds) instead of by the head")
+                        "(ssv.spec.lookup) instead of by the head")
     p.add_argument("--lookup-compact", action="store_true",
                    help="the lookup mode verifies the chain's rows only where it has tokens (the CPU's "
                         "form, `ssv strict lookup K compact`) instead of the head's spare nodes there")

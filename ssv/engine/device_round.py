@@ -29,14 +29,11 @@ def _pkey(params):
     return None if params is None or params.greedy else (float(params.temperature), float(params.top_p))
 
 
-def _looks_up(opts, params) -> bool:
-    """Whether a round attaches a chain from the context: greedy rounds only (ssv.spec.lookup)."""
-    return bool(opts.lookup) and (params is None or params.greedy)
-
-
-def _depth(opts, params) -> int:
-    """The longest path the round can accept."""
-    return opts.max_depth if _looks_up(opts, params) else opts.tree.depth
+def _sample_bounds(opts) -> tuple:
+    """A sampled round's (rows, most children of a node): a chain from the context (ssv.spec.lookup)
+    adds its rows and may hang one child more under a node than the head's top-k (and run past the
+    head's depth: `opts.max_depth`)."""
+    return opts.tree.total_tokens + opts.lookup, opts.tree.top_k + int(opts.lookup > 0)
 
 
 class DeviceEngine(PhaseGraphs):
@@ -119,7 +116,7 @@ class DeviceEngine(PhaseGraphs):
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote
     def _draft_body(self, opts, io: dict, params=None) -> None:
         cache, dr, spec = self.runner.cache, self.drafter, opts.tree
-        if not _looks_up(opts, params):
+        if not opts.lookup:
             io["tree"], io["mask"], io["pos"] = grow_flat(dr.expand_rows, self.tok[0], dr.dlogp_buf, spec, opts.order,
                                                           cache.dlen, ids=dr.vocab_ids)
             return
@@ -129,13 +126,13 @@ class DeviceEngine(PhaseGraphs):
 
     def _verify_body(self, opts, io: dict, params=None) -> None:
         cache, model = self.runner.cache, self.runner.model
-        T = opts.tree.total_tokens + (opts.lookup if _looks_up(opts, params) else 0)
-        plan = self._plan(("spec", opts.key(), _looks_up(opts, params)), T, opts.verify)
+        T = opts.tree.total_tokens + opts.lookup
+        plan = self._plan(("spec", opts.key()), T, opts.verify)
         plan.plan(cache.dlen, io["pos"], io["mask"])
         io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self.drafter.taps)
 
     def _accept_body(self, opts, io: dict, params=None) -> None:
-        cache, dr, D = self.runner.cache, self.drafter, _depth(opts, params)
+        cache, dr, D = self.runner.cache, self.drafter, opts.max_depth
         after = cache.dlen.long() + 1 + torch.arange(D + 1, device=self.hist.device)   # the path's next tokens' positions
         flat = io["tree"]
         # the record (accepted count, the token after each path row) and the next root are written
@@ -144,10 +141,11 @@ class DeviceEngine(PhaseGraphs):
         if params is None or params.greedy:
             path, rows = accept_greedy_round(flat, io["logits"], D, n, nxt, self.tok)
         else:
-            path, length, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], opts.tree)
-            rows, after = round_record_naive(flat.tokens, path, length, bonus)
+            _, k = _sample_bounds(opts)
+            path, length, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], D, k)
+            rows, toks = round_record_naive(flat.tokens, path, length, bonus)
             n.copy_(length)
-            nxt.copy_(after)
+            nxt.copy_(toks)
             self.tok.copy_(bonus)
         cache.commit_device(path, n, kernel=self.kernels)
         # past the accepted count the writes land beyond the text's end: never read
@@ -234,22 +232,22 @@ class DeviceEngine(PhaseGraphs):
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
-        if _looks_up(opts, params):
+        if opts.lookup:
             if not self._hist_ready:
                 raise ValueError("a context lookup needs the prompt's tokens: start(..., history=prompt)")
             if self.graphs and not opts.spares:
                 raise ValueError("a compact lookup (spares=False) verifies rows that depend on the data, which "
                                  "a CUDA graph cannot hold: use spares=True, or graphs=False")
-        if _depth(opts, params) + 2 > self.out.numel():
-            raise ValueError(f"tree depth {_depth(opts, params)} exceeds the round record's {self.out.numel() - 2}")
+        if opts.max_depth + 2 > self.out.numel():
+            raise ValueError(f"tree depth {opts.max_depth} exceeds the round record's {self.out.numel() - 2}")
         self.catch_up()
         phases, io = self._spec_phases(opts, params)
         if _pkey(params) is not None:
-            T, k = opts.tree.total_tokens, opts.tree.top_k
+            T, k = _sample_bounds(opts)
             if "coins" not in io:
                 io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
             torch.rand((T, k + 1), generator=self.gen, device=self.coin.device, out=io["coins"])
-        return self._record(phases, _depth(opts, params) + 2, "spec")
+        return self._record(phases, opts.max_depth + 2, "spec")
 
     def finish(self, t: dict) -> list:
         """Wait for a launched step's record (its one device-to-host read); the host's lengths follow.

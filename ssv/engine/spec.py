@@ -27,8 +27,8 @@ class SpecOptions:
     tree: TreeSpec = field(default_factory=lambda: TreeSpec(depth=6, top_k=8, total_tokens=48))
     order: str = "pos"
     verify: VerifyOptions = field(default_factory=VerifyOptions)
-    # a chain of up to `lookup` tokens drafted from the context beside the head's tree (greedy
-    # rounds; ssv.spec.lookup). spares: the head grows `lookup` nodes more, which verify where the
+    # a chain of up to `lookup` tokens drafted from the context beside the head's tree (greedy and
+    # sampled rounds; ssv.spec.lookup). spares: the head grows `lookup` nodes more, which verify where the
     # chain does not need them (fixed rows: a graphed round's); off, a round verifies the head's tree
     # and the chain's new tokens only (the CPU's: a row costs there, and nothing is captured)
     lookup: int = 0
@@ -62,7 +62,7 @@ class SpecOptions:
 
 
 def draft(drafter, root: int, root_logp: torch.Tensor, opts: SpecOptions, chain=None) -> tuple:
-    """Grow and flatten a tree. chain (a greedy round with opts.lookup = K; tokens after the root,
+    """Grow and flatten a tree. chain (a round with opts.lookup = K; tokens after the root,
     `ssv.spec.lookup`): the head grows K nodes more and the chain takes the place of as many of its
     lowest-ranked ones as it needs. Returns (tree in traversal order, perm)."""
     if chain is None or not opts.spares:
@@ -221,8 +221,8 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
                 root_logp = drafter.commit([torch.cat(t) for t in zip(*[h[0] for h in held])],
                                            torch.tensor([h[1] for h in held]))
                 held.clear()
-            chain = None   # greedy rounds only: a looked-up token has no draft distribution to sample by
-            if opts.lookup and params.greedy:
+            chain = None   # sampled rounds too: a looked-up token is one more deterministic candidate (ssv.spec.accept)
+            if opts.lookup:
                 if hist is None:
                     hist = torch.tensor(prompt_ids + [0] * (max_new_tokens + 1))
                 hist[P + written:P + len(out)] = torch.tensor(out[written:])   # the tokens since the last round

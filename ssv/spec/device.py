@@ -273,15 +273,16 @@ def child_table(tree: DeviceTree, k: int) -> torch.Tensor:
     return table[: T * k].view(T, k)
 
 
-def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: torch.Tensor, spec: TreeSpec):
+def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: torch.Tensor, depth: int, top_k: int):
     """`accept.accept_sample` on the device (the same path and bonus for the same coins): at node u
     the children are tried in sibling order, child j with token x_j accepted when coin[u, j] * R_j <
     q_j, where q_j = p_u(x_j) (0 for a token an earlier sibling already carried) and R_j the mass
     not yet removed (p_u's total minus q_1..q_{j-1}): that is coin < p(x_j) renormalised, as the
     host walk. On a rejection of every child the bonus is drawn by inverse CDF with coin[u, -1]
-    from p_u with the tried tokens removed. coins [T, top_k + 1] uniforms in [0, 1).
-    Returns (path [D + 1] -1 padded, length [1], bonus [1])."""
-    k, D = spec.top_k, spec.depth
+    from p_u with the tried tokens removed. coins [T, top_k + 1] uniforms in [0, 1). depth, top_k:
+    the longest path and the most children of a node (the head's, or one more of each with a chain
+    from the context). Returns (path [depth + 1] -1 padded, length [1], bonus [1])."""
+    k, D = top_k, depth
     T, V = logits.shape
     dev = logits.device
     probs = probs_unchecked(logits, params).double()                         # [T, V]

@@ -10,8 +10,10 @@ it has no row for; a lookup can, at the cost of K more verified rows.
 `attach_chain` puts its proposal into a host `DraftTree` in the place of the head's lowest-ranked
 nodes (`attach_chain_device` and `grow_spares` in fixed shapes): a round without a proposal verifies
 the head's whole tree, one with a proposal gives up only as many of its nodes as the chain needs. A chain node's
-token is verified like any other, so greedy strict output is unchanged; sampled rounds do not use
-the chain (its tokens have no draft distribution for the lossless rule).
+token is verified like any other, so greedy strict output is unchanged. Sampled rounds use it too:
+a looked-up token is one more deterministic candidate, which `ssv.spec.accept`'s rule (sequential
+sampling without replacement) accepts with exactly the target's probability, so the emitted
+distribution is unchanged (the chi-square tests in tests/engine/test_spec.py).
 """
 from __future__ import annotations
 
@@ -63,6 +65,10 @@ def attach_chain(tree: DraftTree, chain: list, spares: int) -> DraftTree:
     spare = ranked[n - 1 - spares:]
     gone = set(spare)
     main = [i for i in range(n) if i not in gone]
+    orphan = next((i for i in main[1:] if parents[i] in gone), None)
+    if orphan is not None:   # a drafter's tree ranks a node below its parent (cumulative scores)
+        raise ValueError(f"attach_chain: node {orphan} ranks above its parent {parents[orphan]}: the tree's "
+                         "scores must not rise along a path")
     kids = {}
     for i in main[1:]:
         kids.setdefault(parents[i], []).append(i)
@@ -167,7 +173,7 @@ def no_spares(tree, K: int):
 
 def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, opts, dlen: torch.Tensor,
                     hist: torch.Tensor, ids=None, fused: bool = False, best: torch.Tensor = None):
-    """A greedy device round's draft with a context lookup (`opts.lookup` = K, SpecOptions): the head's
+    """A device round's draft with a context lookup (`opts.lookup` = K, SpecOptions): the head's
     tree (`grow_flat`'s flattened tree, mask, positions) with the chain looked up in `hist` (the
     text's tokens by position, the root at dlen) attached. With spares the head grows K candidates
     more for the chain to displace (fixed rows); without, the chain's new nodes come after the tree.

@@ -217,12 +217,14 @@ def test_summary_divergence_rate_counts_tokens_up_to_the_first_difference():
 
 
 class RandomTreeDrafter:
-    """Proposes random trees (duplicates allowed) whatever the context: acceptance must still be lossless."""
+    """Proposes random trees (duplicates allowed) whatever the context: acceptance must still be lossless.
+    ranked: scores fall along every path, as a drafter's cumulative scores do (a chain from the
+    context takes the place of the lowest-ranked nodes: `attach_chain`)."""
 
     taps = (0, 1, 2)
 
-    def __init__(self, vocab, seed):
-        self.vocab, self.gen = vocab, torch.Generator().manual_seed(seed)
+    def __init__(self, vocab, seed, ranked=False):
+        self.vocab, self.gen, self.ranked = vocab, torch.Generator().manual_seed(seed), ranked
 
     def reset(self):
         pass
@@ -234,21 +236,16 @@ class RandomTreeDrafter:
         n = spec.total_tokens
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=self.gen)) for i in range(1, n)]
         toks = [root] + torch.randint(0, self.vocab, (n - 1,), generator=self.gen).tolist()
-        return DraftTree(torch.tensor(toks), torch.tensor(parents), -torch.rand(n, generator=self.gen))
+        scores = -torch.rand(n, generator=self.gen)
+        if self.ranked:
+            scores = -torch.arange(n) - scores.neg()   # a child's index is above its parent's
+        return DraftTree(torch.tensor(toks), torch.tensor(parents), scores)
 
 
-def test_sampled_spec_matches_target_distribution():
-    """Chi-square: the first two sampled tokens of speculative decoding follow the target's exact
-    distribution (computed by enumeration), at temperature 1.3 and top-p 0.9."""
-    from scipy.stats import chisquare
-
+def _exact_first_two(runner, prompt, params, vocab):
+    """The target's exact distribution of the first two sampled tokens, by enumeration: [V, V]."""
     from ssv.spec.accept import target_probs
-
-    vocab = 8
-    model = tiny_target(7, vocab=vocab, layers=3)
-    params = SamplingParams(temperature=1.3, top_p=0.9)
-    prompt = [1, 5, 2, 7, 3] * 8
-    runner = Runner(model, attention="nsa", nsa=NSA)
+    runner.reset()
     last, _ = runner.prefill(prompt)
     p1 = target_probs(last[None].float().cpu(), params)[0]
     exact = torch.zeros(vocab, vocab)
@@ -257,13 +254,11 @@ def test_sampled_spec_matches_target_distribution():
             runner.reset()
             la, _ = runner.prefill(prompt + [a])
             exact[a] = p1[a] * target_probs(la[None].float().cpu(), params)[0]
-    drafter = RandomTreeDrafter(vocab, seed=3)
-    opts = SpecOptions(TreeSpec(3, 3, 7), "pos", VerifyOptions(4))
-    trials = 1500
-    counts = torch.zeros(vocab, vocab)
-    for s in range(trials):
-        out = generate_spec(runner, drafter, prompt, params, 2, opts, seed=1000 + s).token_ids
-        counts[out[0], out[1]] += 1
+    return exact
+
+
+def _chi_square_pvalue(counts, exact, trials):
+    from scipy.stats import chisquare
     keep = exact.flatten() * trials >= 5  # chi-square needs expected counts of at least ~5
     obs, exp = counts.flatten()[keep].double(), exact.flatten()[keep].double() * trials
     rest_obs, rest_exp = trials - obs.sum(), trials - exp.sum()
@@ -272,7 +267,67 @@ def test_sampled_spec_matches_target_distribution():
     else:               # too rare (or none: 0 / 0) for a bin of their own: into the largest
         obs[exp.argmax()] += rest_obs
         exp[exp.argmax()] += rest_exp
-    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
+    return chisquare(obs.numpy(), exp.numpy()).pvalue
+
+
+def test_sampled_spec_matches_target_distribution():
+    """Chi-square: the first two sampled tokens of speculative decoding follow the target's exact
+    distribution (computed by enumeration), at temperature 1.3 and top-p 0.9."""
+    vocab = 8
+    model = tiny_target(7, vocab=vocab, layers=3)
+    params = SamplingParams(temperature=1.3, top_p=0.9)
+    prompt = [1, 5, 2, 7, 3] * 8
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    exact = _exact_first_two(runner, prompt, params, vocab)
+    drafter = RandomTreeDrafter(vocab, seed=3)
+    opts = SpecOptions(TreeSpec(3, 3, 7), "pos", VerifyOptions(4))
+    trials = 1500
+    counts = torch.zeros(vocab, vocab)
+    for s in range(trials):
+        out = generate_spec(runner, drafter, prompt, params, 2, opts, seed=1000 + s).token_ids
+        counts[out[0], out[1]] += 1
+    assert _chi_square_pvalue(counts, exact, trials) > 1e-4
+
+
+@pytest.mark.parametrize("form", ["host compact", "host spares", "device spares"])
+def test_sampled_spec_with_lookup_matches_target_distribution(form, monkeypatch):
+    """A sampled round with a chain from the context (ssv.spec.lookup): a looked-up token is one more
+    deterministic candidate, and the first two tokens still follow the target's exact distribution.
+    Every round has a proposal (counted; that the chain is taken is tests/spec/test_lookup.py's)."""
+    import ssv.engine.spec as spec_mod
+    import ssv.spec.lookup as lookup_mod
+    from ssv.draft import Eagle3Drafter
+    from ssv.engine.device_round import DeviceEngine
+    from tests.draft.helpers import tiny_head
+
+    vocab, trials = 8, 800
+    model = tiny_target(7, vocab=vocab, layers=4)   # 4: an EAGLE-3 head taps three layers
+    params = SamplingParams(temperature=1.3, top_p=0.9)
+    # "3 a" followed by a token for every a: whatever the first token, the round has a proposal
+    prompt = [t for a in range(vocab) for t in (3, a, (3 * a + 1) % vocab)] * 2 + [1, 5, 2, 7, 3]
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    exact = _exact_first_two(runner, prompt, params, vocab)
+    proposals = []
+
+    def spy(hist, length, k, *a, **kw):
+        toks, valid = _lookup(hist, length, k, *a, **kw)
+        proposals.append(int(toks[0]) if bool(valid[0]) else -1)
+        return toks, valid
+    _lookup = lookup_mod.context_lookup
+    monkeypatch.setattr(lookup_mod, "context_lookup", spy)
+    monkeypatch.setattr(spec_mod, "context_lookup", spy)
+    opts = SpecOptions(TreeSpec(2, 2, 4), "pos", VerifyOptions(4), lookup=3, spares=form.endswith("spares"))
+    if form.startswith("device"):
+        drafter = Eagle3Drafter(tiny_head(model, window=64), model)
+        engine = DeviceEngine(runner, drafter)
+    else:
+        drafter, engine = RandomTreeDrafter(vocab, seed=3, ranked=True), None
+    counts = torch.zeros(vocab, vocab)
+    for s in range(trials):
+        out = generate_spec(runner, drafter, prompt, params, 2, opts, seed=1000 + s, engine=engine).token_ids
+        counts[out[0], out[1]] += 1
+    assert len(proposals) == trials and min(proposals) >= 0
+    assert _chi_square_pvalue(counts, exact, trials) > 1e-4
 
 
 def test_bench_spec_extra_tree_argument():

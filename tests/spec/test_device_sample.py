@@ -35,7 +35,7 @@ def test_accept_sample_device_equals_host_for_the_same_coins(seed):
     for _ in range(6):
         coins = torch.rand(tree.n, k + 1, generator=g)
         want = accept_sample(tree, logits, params, _host_coins(coins, tree))
-        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec)
+        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec.depth, k)
         assert path.shape == (spec.depth + 1,) and bool((path[int(n):] == -1).all())
         got = _as_result(tree, path, n, bonus)
         assert (got.path, got.bonus) == (want.path, want.bonus)
@@ -49,7 +49,7 @@ def test_accept_sample_device_distribution(seed):
     def accept_fn(tree_, logits_, params_, coins):
         # run_trials draws host-shaped coins [T, max_children + 1]; the device takes [T, k + 1]
         dev_coins = torch.cat([coins[:, :-1], torch.zeros(tree.n, k - tree.max_children), coins[:, -1:]], 1)
-        return _as_result(tree, *accept_sample_device(dt, logits_, params_, dev_coins, spec))
+        return _as_result(tree, *accept_sample_device(dt, logits_, params_, dev_coins, spec.depth, k))
     seqs = run_trials(accept_fn, tree, logits, params, FAST_TRIALS, seed)
     pvals = goodness_of_fit(seqs, tree, logits, params, FAST_TRIALS)
     assert min(pvals.values()) > ALPHA, pvals
@@ -61,7 +61,7 @@ def test_accept_sample_device_top_p():
     dt, spec, k = _device(tree)
     coins = torch.rand(tree.n, k + 1, generator=torch.Generator().manual_seed(1))
     want = accept_sample(tree, logits, params, _host_coins(coins, tree))
-    got = _as_result(tree, *accept_sample_device(dt, logits, params, coins, spec))
+    got = _as_result(tree, *accept_sample_device(dt, logits, params, coins, spec.depth, k))
     assert (got.path, got.bonus) == (want.path, want.bonus)
 
 
@@ -75,7 +75,7 @@ def test_accept_sample_device_never_takes_a_duplicate_second():
     for _ in range(50):
         coins = torch.rand(4, k + 1, generator=g)
         coins[0, 0] = 0.9                     # the first token-1 child is rejected
-        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec)
+        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec.depth, k)
         assert int(path[1]) != 2              # ... and its duplicate is never accepted
         want = accept_sample(tree, logits, params, _host_coins(coins, tree))
         assert _as_result(tree, path, n, bonus).path == want.path
@@ -92,6 +92,6 @@ def test_accept_sample_device_takes_the_last_token_with_mass():
     params = SamplingParams(temperature=1.0)
     for c in (0.7, 0.99, 1 - 1e-7):
         coins = torch.tensor([[0.999, c, 0.5]] * 3)
-        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec)
+        path, n, bonus = accept_sample_device(dt, logits, params, coins, spec.depth, k)
         assert path[:2].tolist() == [0, 2] and int(n) == 2
         assert accept_sample(tree, logits, params, _host_coins(coins, tree)).path == [0, 2]

@@ -1,5 +1,6 @@
 """Drafting from the context (ssv.spec.lookup): the fixed-shape lookup against a plain loop, the chain
-attached to a tree, and generation with it (greedy: ar's tokens; sampled: the chain unused)."""
+attached to a tree, and generation with it (greedy: ar's tokens; sampled: the chain taken, its
+distribution tested in tests/engine/test_spec.py)."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -115,14 +116,31 @@ def test_greedy_generation_with_lookup_is_ar_and_accepts_the_chain(models, order
     assert len(look.stats["acceptance_by_depth"]) > 2
 
 
-def test_sampled_generation_ignores_the_chain(models):
+@pytest.mark.parametrize("round_", ["host", "device"])
+def test_sampled_generation_takes_the_chain(models, round_):
+    """Sampled rounds attach the chain too (a deterministic candidate, accepted with the target's
+    probability: tests/engine/test_spec.py). At a low temperature the tiny target repeats itself
+    (runs of one token) where its head does not: the chain raises every run's acceptance; the same
+    seed gives the same tokens; the device round's history holds the text (the chain's source)."""
     target, drafter = models
-    ids, sp = repetitive(), SamplingParams(temperature=0.9)
+    ids, sp = repetitive(), SamplingParams(temperature=0.05)
     runner = Runner(target, attention="nsa", nsa=NSA)
-    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), lookup=k), seed=3)
-            for k in (0, 6)]
-    assert runs[0].token_ids == runs[1].token_ids
-    assert runs[0].stats["mean_accepted_length"] == runs[1].stats["mean_accepted_length"]
+    engine = DeviceEngine(runner, drafter) if round_ == "device" else None
+    runs = {k: [generate_spec(runner, drafter, ids, sp, 24, SpecOptions(TreeSpec(2, 3, 4), lookup=k), seed=s,
+                              engine=engine) for s in (3, 3, 4, 5)] for k in (0, 6)}
+    assert runs[6][0].token_ids == runs[6][1].token_ids
+    if engine is not None:   # (a sampled round once wrote its tokens at positions named by its tokens)
+        out = runs[6][-1].token_ids
+        assert engine.hist[:len(ids) + len(out)].tolist() == ids + out
+    mal = {k: [r.stats["mean_accepted_length"] for r in rs] for k, rs in runs.items()}
+    assert all(m > 1.15 for m in mal[6]) and sum(mal[6]) > sum(mal[0]) + 1.0, mal
+
+
+def test_attach_chain_refuses_an_unranked_tree():
+    # node 2 (score -0.5) outranks its parent 1 (-1.0): dropping the lowest-ranked would orphan it
+    tree = DraftTree(torch.tensor([0, 1, 2, 3]), torch.tensor([-1, 0, 1, 0]), torch.tensor([0.0, -1.0, -0.5, -2.0]))
+    with pytest.raises(ValueError, match="node 2 ranks above its parent 1"):
+        attach_chain(tree, [5, 6], 2)
 
 
 def test_lookup_options_are_checked(models):
@@ -152,7 +170,7 @@ def test_lookup_options_are_checked(models):
 @pytest.mark.parametrize("order", ["pos", "bfs", "dfs"])
 def test_the_device_round_with_lookup_matches_the_host_round(models, order, spares):
     """The CPU's device round (fixed shapes, the chain attached by attach_chain_device): greedy, ar's
-    tokens and the host round's rounds; sampled, the same as without the chain."""
+    tokens and the host round's rounds; sampled, seeded (its distribution: tests/engine/test_spec.py)."""
     target, drafter = models
     ids, n = repetitive(), 40
     opts = SpecOptions(TreeSpec(2, 3, 4), order, lookup=6, spares=spares)
@@ -163,9 +181,9 @@ def test_the_device_round_with_lookup_matches_the_host_round(models, order, spar
     assert dev.token_ids == host.token_ids == ar.token_ids
     assert dev.stats["rounds"] == host.stats["rounds"] and dev.stats["acceptance_by_depth"] == host.stats["acceptance_by_depth"]
     sp = SamplingParams(temperature=0.9)
-    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), order, lookup=k, spares=spares), seed=2,
-                          engine=DeviceEngine(runner, drafter)) for k in (0, 6)]
-    assert runs[0].token_ids == runs[1].token_ids
+    runs = [generate_spec(runner, drafter, ids, sp, 16, SpecOptions(TreeSpec(2, 3, 4), order, lookup=6, spares=spares),
+                          seed=s, engine=DeviceEngine(runner, drafter)) for s in (2, 2)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 16
 
 
 @settings(max_examples=200, deadline=None)
