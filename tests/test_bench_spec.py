@@ -216,13 +216,14 @@ def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, rand
     succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2", "--lookup", 2, "--prompts", prompts,
                                              "--families", "code", "--temperatures", 0, "--device-round"], capsys)
     dl = json.loads((tmp_path / "spec-cpu.json").read_text())   # the CPU's device round: the host round's rows
-    succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 2 compact", "--lookup", 2, "--lookup-compact",
-                                             "--prompts", prompts, "--families", "code", "--temperatures", 0,
-                                             "--device-round"], capsys)
+    # a tree of 13 past the 3x2 pool (11 nodes), whose head part (13 - 4) fits: only the modes run are checked
+    succeeds(base[:base.index("--modes")] + ["--modes", "ssv strict lookup 4 compact", "--lookup", 4, "--lookup-compact",
+                                             "--tree-tokens", 13, "--prompts", prompts, "--families", "code",
+                                             "--temperatures", 0, "--device-round"], capsys)
     dc = json.loads((tmp_path / "spec-cpu.json").read_text())
     fails(base + ["--lookup", 2, "--lookup-compact", "--device-round", "--device", "cuda"], capsys,
           "--lookup-compact verifies rows that depend on the data")
-    assert {r["mode"] for r in dc["rows"]} == {"ar", "ssv strict lookup 2 compact"}
+    assert {r["mode"] for r in dc["rows"]} == {"ar", "ssv strict lookup 4 compact"}
     assert all(r["first_diff_vs_ar"] is None for r in dc["rows"])
     assert [(r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in dl["rows"]] == [
         (r["mode"], r["mean_accepted_length"], r["first_diff_vs_ar"]) for r in lk["rows"]]

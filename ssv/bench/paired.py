@@ -13,8 +13,7 @@ import time
 
 import torch
 
-from ssv.attention import StepMeta
-from ssv.engine.generate import check_budget, pick_token
+from ssv.engine.generate import ar_host_step, check_budget, pick_token
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams
 
@@ -47,9 +46,7 @@ class PairedAr:
             if self.engine is not None:
                 self.token_ids.extend(self.engine.finish(self.engine.launch_ar(self.params)))
             else:
-                logits, _ = r.forward(torch.tensor([self.token_ids[-1]]), StepMeta.chain(r.length, 1))
-                r.cache.commit(1)
-                self.token_ids.append(pick_token(logits[-1], self.params, self.gen))
+                self.token_ids.append(ar_host_step(r, self.token_ids[-1], self.params, self.gen))
             self.seconds += time.perf_counter() - t
             self.steps += 1
 

@@ -357,8 +357,9 @@ def cmd_bench_spec(args) -> int:
         if args.lookup_compact and args.device_round and args.device == "cuda":
             raise ValueError("--lookup-compact verifies rows that depend on the data, which the CUDA round's graphs "
                              "cannot hold: drop it (spares) or --device-round")
-        for s in modes(tree, lookup=args.lookup, spares=not args.lookup_compact).values():
-            s[1].options(1)   # a bad K fails first
+        for name, s in modes(tree, lookup=args.lookup, spares=not args.lookup_compact).items():
+            if not args.modes or name in args.modes:   # (a tree only the lookup's head part fits is not run)
+                s[1].options(1)   # a bad K fails first
     model, tok = load_model(args.model, args.device)
     drafter = load_drafter(args.draft, model)
     if texts is None:

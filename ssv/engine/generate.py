@@ -41,6 +41,15 @@ def check_budget(runner: Runner, n_prompt: int, max_new_tokens: int) -> None:
                          f"{runner.context_limit} tokens")
 
 
+def ar_host_step(runner: Runner, token: int, params: SamplingParams, gen: torch.Generator, see=None) -> int:
+    """One AR step on the host: `token` forwarded and committed; the next token picked (its logits
+    shown to `see` first, if given)."""
+    logits, _ = runner.forward(torch.tensor([token]), StepMeta.chain(runner.length, 1))
+    runner.cache.commit(1)
+    last = logits[-1]
+    return pick_token(see(last) if see is not None else last, params, gen)
+
+
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                 seed: int = 0, stop_ids=(), progress: bool = False, margins: bool = False,
                 engine=None) -> GenResult:
@@ -86,10 +95,7 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
             rounds, stop = _ar_device_steps(engine, runner, out, params, max_new_tokens, stop_ids)
             break
         rounds += 1
-        meta = StepMeta.chain(runner.length, 1)
-        logits, _ = runner.forward(torch.tensor([out[-1]]), meta)
-        runner.cache.commit(1)
-        out.append(pick_token(gap(logits[-1]), params, gen))
+        out.append(ar_host_step(runner, out[-1], params, gen, gap))
     _sync(runner.device)
     t2 = time.perf_counter()
     dec = t2 - t1
