@@ -225,3 +225,27 @@ def test_graph_replay_equals_eager_lookup_round():
         outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.slot_pos.cpu(), r.cache.k[:, :, :r.length].float().cpu())
     assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
     assert torch.equal(outs[True][2], outs[False][2]) and torch.equal(outs[True][3], outs[False][3])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_sampled_lookup_round():
+    """A sampled round with the chain (its accept walk one child wider and past the head's depth, the
+    coins [T + K, top_k + 2]): graphed equals eager for the same seed, and the history the lookup
+    reads holds the text (a sampled round once wrote it at positions named by its tokens)."""
+    from ssv.spec.accept import SamplingParams
+    target, prompt, head = _lookup_case("cuda", torch.bfloat16)
+    hot = SamplingParams(temperature=0.7)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
+        d = Eagle3Drafter(head, target)
+        eng = DeviceEngine(r, d, graphs=graphs)
+        sp = generate_spec(r, d, prompt, hot, 80, opts=SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8), seed=11,
+                           engine=eng)
+        if graphs:
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+        assert eng.hist[:len(prompt) + len(sp.token_ids)].tolist() == prompt + sp.token_ids
+        outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.slot_pos.cpu())
+    assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
+    assert torch.equal(outs[True][2], outs[False][2])
