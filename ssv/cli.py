@@ -175,6 +175,12 @@ CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
 # stepped between its rounds); with the 3 rows always verified (spares) 1.51-1.54x / 1.79-1.83x /
 # 1.14-1.15x (spec-2k-paired-lookup3). Not measured with the other forms
 CPU_LOOKUP = {"linear": 0, "transposed": 0, "packed": 3}
+# The graphed CUDA round's default: the 48 rows of DEFAULT_TREE as a 6x8x40 head tree and a chain of up
+# to 8 from the context in its spare rows. H200, bf16, greedy, 128 tokens, one document a family, at
+# 1K / 2K / 4K / 8K, against 6x8x48 in the same process: code 1.48 -> 2.00x, 1.63 -> 2.93x, 2.45 -> 3.10x,
+# 2.12 -> 2.41x ar-nsa; prose 1.21 -> 1.90x, 1.43 -> 2.13x, 1.28 -> 2.84x, 1.23 -> 2.42x; chat 1.20 ->
+# 1.48x, 1.20 -> 1.29x, 1.14 -> 1.11x, 1.51 -> 2.26x (bench/results/gpu-s31/e2e-cuda-*-3a47002.json)
+GPU_LOOKUP = 8
 CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
 
 
@@ -223,14 +229,16 @@ def _spec_options(args, n_layers: int):
     given = (args.tree_depth, args.tree_topk, args.tree_tokens)
     # the CPU's profile tree only when no tree option is given (a partial choice fills in the default)
     cpu = args.device == "cpu" and args.mode == "ssv" and all(v is None for v in given)
-    shape = cpu_tree() if cpu else DEFAULT_TREE
+    # the GPU's lookup in the default tree's rows only when neither the tree nor the lookup is given
+    gpu = args.device != "cpu" and args.mode == "ssv" and all(v is None for v in given) and args.lookup is None
+    shape = cpu_tree() if cpu else DEFAULT_TREE[:2] + (DEFAULT_TREE[2] - GPU_LOOKUP,) if gpu else DEFAULT_TREE
     tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
     if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
     else:
         verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
                                refresh=VerifyOptions.every(args.refresh_every, n_layers))
-    lookup = args.lookup if args.lookup is not None else (cpu_lookup() if cpu else 0)
+    lookup = args.lookup if args.lookup is not None else (cpu_lookup() if cpu else GPU_LOOKUP if gpu else 0)
     # the CPU verifies only the chain's new tokens (a row costs there); a graphed round, fixed rows
     return SpecOptions(tree=tree, order=args.traversal, verify=verify, lookup=lookup, spares=args.device != "cpu")
 
@@ -303,12 +311,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"default {DEFAULT_TREE[0]} (--mode ssv on the CPU: {CPU_TREE[0]}, its measured profile)")
     sd.add_argument("--tree-topk", type=int, help=f"default {DEFAULT_TREE[1]} (--mode ssv on the CPU: {CPU_TREE[1]})")
     sd.add_argument("--tree-tokens", type=int, help=f"nodes verified per round, root included; default "
-                    f"{DEFAULT_TREE[2]} (--mode ssv on the CPU: 3 or 4, by how its BLAS prices 4 rows)")
+                    f"{DEFAULT_TREE[2]} (--mode ssv: on the CPU 3 or 4, by how its BLAS prices 4 rows; on CUDA "
+                    f"{DEFAULT_TREE[2] - GPU_LOOKUP} and a chain of {GPU_LOOKUP} from the context)")
     sd.add_argument("--traversal", choices=("bfs", "dfs", "pos"), default="pos")
     sd.add_argument("--lookup", type=int, metavar="K",
                     help="also verify a chain of up to K tokens drafted from the text itself (the tokens after "
-                         "the latest earlier occurrence of its last 2-4 tokens); greedy rounds only, output "
-                         "unchanged; default 0 (--mode ssv on the CPU with its tree: CPU_LOOKUP, 3 where measured)")
+                         "the latest earlier occurrence of its last 2-4 tokens); greedy and sampled rounds, output "
+                         "unchanged; default 0 (--mode ssv with the default tree: on the CPU CPU_LOOKUP, 3 where "
+                         "measured; on CUDA 8 in the 48-node tree's rows, GPU_LOOKUP)")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,

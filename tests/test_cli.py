@@ -529,3 +529,20 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     out, err = succeeds(base + ["--mode", "ssv", "--draft", random_head, "--lookup", 0], capsys)
     assert out.strip() == json.loads(ar)["text"].strip()
     assert "0 rounds" in err and "drafts would accept" in err and "mean accepted length" not in err
+
+
+def test_cuda_ssv_defaults_to_the_lookup_in_the_default_trees_rows():
+    """--mode ssv on CUDA: the 48 rows as a 40-node head tree and a chain of GPU_LOOKUP from the context
+    (spares: fixed rows for the graphs); a given tree or lookup, and sd-naive, keep theirs."""
+    from types import SimpleNamespace
+    base = dict(device="cuda", mode="ssv", tree_depth=None, tree_topk=None, tree_tokens=None, lookup=None,
+                group_size=4, precision="strict", refresh_every=1, traversal="pos")
+    o = cli._spec_options(SimpleNamespace(**base), 30)
+    d, k, n = cli.DEFAULT_TREE
+    assert (o.tree.depth, o.tree.top_k, o.tree.total_tokens, o.lookup, o.spares) == (d, k, n - cli.GPU_LOOKUP,
+                                                                                      cli.GPU_LOOKUP, True)
+    assert o.tree.total_tokens + o.lookup == n
+    for extra, want in (({"lookup": 0}, (n, 0)), ({"lookup": 4}, (n, 4)), ({"tree_tokens": 32}, (32, 0)),
+                        ({"mode": "sd-naive"}, (n, 0))):
+        o = cli._spec_options(SimpleNamespace(**{**base, **extra}), 30)
+        assert (o.tree.total_tokens, o.lookup) == want, extra

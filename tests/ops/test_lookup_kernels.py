@@ -93,8 +93,12 @@ def _same(a, b):
 
 
 def _compare(hist, length, tree, mask, pos, spare, K, ngrams=(2, 4), block=32, offset=0):
-    """The kernel (twice, the same workspace, the buffers poisoned both ways) against the twin."""
-    dev = hist.device
+    """The kernel (twice, the same workspace, the buffers poisoned both ways) against the twin; the
+    inputs moved to the test's device (compiled on a GPU, the interpreter on the CPU)."""
+    dev = DEV
+    hist, mask, pos = hist.to(dev), mask.to(dev), pos.to(dev)
+    length = length.to(dev) if isinstance(length, torch.Tensor) else length
+    tree, spare = (DeviceTree(*(x.to(dev) for x in vars(t).values())) for t in (tree, spare))
     want = lookup_attach_naive(hist, length, tree, mask, pos, spare, K, ngrams, offset)
     best = lookup_workspace(ngrams, dev)
     for flag in (True, False):
@@ -213,6 +217,8 @@ def test_lookup_attach_edges():
     want = _compare(hist, torch.tensor([8]), tree, mask, pos, spare, 3)
     assert want[0].tokens[6:].tolist()[:2] == [8, 9]
     # a Python int length and allocated buffers
+    hist, mask, pos = hist.to(DEV), mask.to(DEV), pos.to(DEV)
+    tree, spare = (DeviceTree(*(x.to(DEV) for x in vars(t).values())) for t in (tree, spare))
     got = lookup_attach(hist, 8, tree, mask, pos, spare, 3)
     assert torch.equal(got[0].tokens, want[0].tokens) and torch.equal(got[1], want[1])
 
