@@ -177,7 +177,7 @@ CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
 CPU_LOOKUP = {"linear": 0, "transposed": 0, "packed": 3}
 # The graphed CUDA round's default: the 48 rows of DEFAULT_TREE as a 6x8x40 head tree and a chain of up
 # to 8 from the context in its spare rows. H200, bf16, greedy, 128 tokens, one document a family, at
-# 1K / 2K / 4K / 8K, against 6x8x48 in the same process: code 1.48 -> 2.00x, 1.63 -> 2.93x, 2.45 -> 3.10x,
+# 1K / 2K / 4K / 8K, against 6x8x48 in the same process: code 1.57 -> 2.53x, 1.63 -> 2.93x, 2.45 -> 3.10x,
 # 2.12 -> 2.41x ar-nsa; prose 1.21 -> 1.90x, 1.43 -> 2.13x, 1.28 -> 2.84x, 1.23 -> 2.42x; chat 1.20 ->
 # 1.48x, 1.20 -> 1.29x, 1.14 -> 1.11x, 1.51 -> 2.26x (bench/results/gpu-s31/e2e-cuda-*-3a47002.json)
 GPU_LOOKUP = 8
