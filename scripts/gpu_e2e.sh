@@ -45,6 +45,21 @@ spec)  # `ssv bench spec` on the graphed CUDA round in place of (or after) call 
     timeout ${SPEC_TIMEOUT:-560} python3 -m ssv bench spec --model /tmp/ssv-smollm2.gguf --device cuda --device-round \
         --prompts .stage/e2e-prompts.json --out "$OUTD/spec" "${@:2}" 2>&1 | tail -40
     ;;
+cli)  # `ssv generate --device cuda` as a user runs it, --mode ar then --mode ssv, each a fresh process:
+     # first with an empty Triton cache (a fresh machine), then again (the cache warm). The prose
+     # document's first 14,000 characters; JSON per run in $OUT/cli/ (setup_seconds: compiles + capture)
+    bash scripts/train_draft_gpu.sh assemble
+    python3 -c "import json; open('/tmp/cli-prompt.txt', 'w').write(json.load(open('.stage/e2e-prompts.json'))['prose'][0][:14000])"
+    mkdir -p "$OUTD/cli"
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    for run in cold second; do
+        for mode in ar ssv; do
+            timeout 200 python3 -m ssv generate --model /tmp/ssv-smollm2.gguf --device cuda --prompt-file /tmp/cli-prompt.txt \
+                --max-new-tokens 128 --mode $mode --json > "$OUTD/cli/$run-$mode.json" 2>"$OUTD/cli/$run-$mode.log"
+            python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stats']; print(sys.argv[1], {k: s.get(k) for k in ('prefill_seconds','setup_seconds','decode_seconds','tokens_per_second','mean_accepted_length')})" "$OUTD/cli/$run-$mode.json"
+        done
+    done
+    ;;
 planner)  # `ssv bench planner` (carry .stage/planner-prompts.json: scripts/make_e2e_prompts.py --docs 4
           # --out .stage/planner-prompts.json) after calls 1 and 2, in place of call 3
     bash scripts/train_draft_gpu.sh assemble

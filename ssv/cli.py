@@ -142,8 +142,11 @@ def cmd_generate(args) -> int:
             if not s["rounds"] and ag:   # why no round ran: the drafts' estimate against the cost of a round
                 spec += (f" (drafts would accept ~{ag[-1]['expected_length']:.2f} tokens a round; a round "
                          f"pays from {s['fallback']['break_even']:.2f})")
+        setup = s.get("setup_seconds", 0.0)
+        # a first run on a machine compiles the kernels (Triton caches them on disk) and captures the graphs
+        setup = f", setup {setup:.2f}s (kernel compiles, graph capture)" if setup >= 0.01 else ""
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
-              f"{s['prefill_seconds']:.2f}s, {s['rounds']} rounds{spec}]", file=sys.stderr)
+              f"{s['prefill_seconds']:.2f}s{setup}, {s['rounds']} rounds{spec}]", file=sys.stderr)
     return 0
 
 

@@ -41,7 +41,8 @@ def test_mode_table_covers_the_modes_and_summary_ratios():
     assert set(table) | {"transformers"} == set(MODES)
     assert table["ssv strict"][1].verify.group_size == 4 and table["sd-naive"][1].verify.group_size == 1
     assert table["ssv approx C16 reuse/2"][1].verify.refresh == (True, False) * 3
-    for m, c in (("ssv strict lookup", 4), ("eagle3 dense lookup", 1)):   # the same 48 rows a round
+    # the same 48 rows a round
+    for m, c in (("ssv strict lookup", 4), ("sd-naive lookup", 1), ("eagle3 dense lookup", 1)):
         o = table[m][1]
         assert o.lookup == 8 and o.spares and o.tree.total_tokens + o.lookup == 48 and o.verify.group_size == c
     rows = [{"family": "code", "target_context": 1024, "mode": m, "tokens_per_second": t, "mean_accepted_length": a,

@@ -18,8 +18,13 @@ NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_loca
 def test_strategy_space_is_strict_unless_approx_is_allowed():
     strict = strategy_space()
     assert all(s.precision == "strict" for s in strict) and len({s.name for s in strict}) == len(strict)
-    sizes = [s.tree.total_tokens for s in strict if s.group_size == 4 and s.order == "pos"]
+    sizes = [s.tree.total_tokens for s in strict if s.group_size == 4 and s.order == "pos" and not s.lookup]
     assert sizes == sorted(sizes) and sizes[0] <= 8 and sizes[-1] >= 96
+    # the lookup strategies verify as many rows as a tree without one (the same graph's shapes), each valid
+    rows = {s.tree.total_tokens + s.lookup for s in strict if s.lookup}
+    assert len(rows) >= 3 and rows <= set(sizes)
+    for s in strict:
+        assert s.options(6).max_depth == max(s.tree.depth, s.lookup)
     more = strategy_space(allow_approx=True)
     assert {s.precision for s in more} == {"strict", "approx"} and more[: len(strict)] == strict
 
@@ -70,21 +75,22 @@ def test_profile_and_mixed_set_on_the_device_round_keep_ar_tokens():
     ctx = [40, 90]
     docs = lambda n: {f: [{L: torch.randint(3, 80, (L,), generator=gen).tolist() for L in ctx} for _ in range(n)]  # noqa: E731
                       for f in ("code", "prose")}
-    space = [Strategy("small", TreeSpec(2, 2, 4)), Strategy("big", TreeSpec(3, 3, 9), order="bfs", group_size=2)]
+    space = [Strategy("small", TreeSpec(2, 2, 4)), Strategy("big", TreeSpec(3, 3, 9), order="bfs", group_size=2),
+             Strategy("chain", TreeSpec(2, 2, 4), lookup=2)]
     rows, prof = profile(runner, engine, drafter, docs(1), ctx, space, 12)
-    assert len(rows) == 2 * 2 * 2 and prof.bounds == [65, 90] and prof.meta["contexts"] == ctx
+    assert len(rows) == 2 * 2 * 3 and prof.bounds == [65, 90] and prof.meta["contexts"] == ctx
     assert all(r["tokens_per_second"] > 0 and r["mean_accepted_length"] >= 1 for r in rows)
     ev = docs(1)
     items = mixed_set(ev, ctx, seed=1)
     assert sorted(items) == sorted((f, 0, L) for f in ev for L in ctx)
     assert items == mixed_set(ev, ctx, seed=1)
     mixed = run_mixed(runner, engine, drafter, ev, items, space, prof, 12, repeats=2)
-    assert len(mixed) == 2 * len(items) * 4
+    assert len(mixed) == 2 * len(items) * 5
     orders = {tuple(r["run"] for r in mixed if (r["prompt"], r["rep"]) == key) for key in {(0, 0), (1, 0)}}
     assert len(orders) == 2                      # the run order rotates
     s = summarize(mixed)
     assert all(t["identical_to_ar_nsa"] == f"{len(items)}/{len(items)}" for t in s["runs"].values())
-    assert s["best_fixed"] in ("small", "big") and s["oracle_vs_best_fixed"] >= 1.0
+    assert s["best_fixed"] in ("small", "big", "chain") and s["oracle_vs_best_fixed"] >= 1.0
     assert sum(s["adaptive_rounds_by_strategy"].values()) > 0
 
 
@@ -126,3 +132,5 @@ def test_bad_arguments_are_refused_before_any_model_loads(tmp_path):
         cmd_bench_planner(p.parse_args(["--prompts", str(tmp_path / "none.json")]))
     with pytest.raises(ValueError, match=">= 1"):
         cmd_bench_planner(p.parse_args(["--prompts", str(prompts), "--repeats", "0"]))
+    with pytest.raises(ValueError, match="unknown strategies.*'strict 9x9x9'"):
+        cmd_bench_planner(p.parse_args(["--prompts", str(prompts), "--strategies", "strict 6x8x48", "strict 9x9x9"]))

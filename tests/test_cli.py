@@ -273,7 +273,7 @@ def test_cli_error_then_success_in_one_process(capsys, tiny_ckpt, tmp_path):
 
 
 # ============================================================================ happy paths (default model)
-STATS = ("tokens_per_second", "prefill_seconds", "decode_seconds", "rounds")
+STATS = ("tokens_per_second", "prefill_seconds", "setup_seconds", "decode_seconds", "rounds")
 
 
 def check_generate_json(out: str, tok, attention: str, max_new: int) -> dict:

@@ -31,8 +31,8 @@ from ssv.spec.accept import SamplingParams
 from ssv.spec.fallback import ArFallback
 from ssv.spec.tree import TreeSpec
 
-MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv strict lookup", "ssv approx C16",
-         "ssv approx C16 reuse/2", "ar dense", "eagle3 dense", "eagle3 dense lookup", "transformers")
+MODES = ("ar-nsa", "sd-naive", "ssv strict", "ssv strict no-fallback", "ssv strict lookup", "sd-naive lookup",
+         "ssv approx C16", "ssv approx C16 reuse/2", "ar dense", "eagle3 dense", "eagle3 dense lookup", "transformers")
 # the lookup modes: the head's tree LOOKUP nodes smaller, a chain of up to LOOKUP tokens from the
 # context in their rows (spares: the same 48 rows a round, a graph's fixed shape; ssv.spec.lookup).
 # The dense baseline gets the same chain: drafting from the context is not NSA's
@@ -49,6 +49,7 @@ def mode_table(n_layers: int, tree: TreeSpec) -> dict:
                            lookup=lookup)
     return {"ar-nsa": ("nsa", None), "sd-naive": ("nsa", so(1)), "ssv strict": ("nsa", so(4)),
             "ssv strict no-fallback": ("nsa", so(4)), "ssv strict lookup": ("nsa", so(4, lookup=LOOKUP)),
+            "sd-naive lookup": ("nsa", so(1, lookup=LOOKUP)),
             "eagle3 dense lookup": ("dense", so(1, lookup=LOOKUP)),
             "ssv approx C16": ("nsa", so(16, "approx")), "ssv approx C16 reuse/2": ("nsa", so(16, "approx", 2)),
             "ar dense": ("dense", None), "eagle3 dense": ("dense", so(1))}

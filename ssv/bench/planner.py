@@ -34,12 +34,19 @@ from ssv.spec.tree import TreeSpec
 GREEDY = SamplingParams(temperature=0.0)
 # from a chain-like small tree (cheap rounds, for text the head drafts badly) to a deep wide one
 TREES = ((4, 2, 8), (4, 4, 16), (5, 6, 32), (6, 8, 48), (8, 8, 96))
+# the same rows a round with a chain of up to LOOKUP tokens from the context in the head's last rows
+# (ssv.spec.lookup; `ssv generate`'s CUDA default is the 48-row one)
+LOOKUP_TREES = ((4, 4, 16), (5, 6, 32), (6, 8, 48), (8, 8, 96))
+LOOKUP = 8
 
 
-def strategy_space(allow_approx: bool = False, trees=TREES) -> list:
-    """Strict trees from small to large at C = 4 (pos order), the default tree at C = 8 and in BFS
-    order; with allow_approx, the default tree's approximate C = 16 strategies too."""
+def strategy_space(allow_approx: bool = False, trees=TREES, lookup_trees=LOOKUP_TREES) -> list:
+    """Strict trees from small to large at C = 4 (pos order), the same rows with a context lookup,
+    the default tree at C = 8 and in BFS order; with allow_approx, the default tree's approximate
+    C = 16 strategies too."""
     out = [Strategy(f"strict {d}x{k}x{n}", TreeSpec(d, k, n)) for d, k, n in trees]
+    out += [Strategy(f"strict {d}x{k}x{n - LOOKUP} lookup {LOOKUP}", TreeSpec(d, k, n - LOOKUP), lookup=LOOKUP)
+            for d, k, n in lookup_trees]
     base = TreeSpec(6, 8, 48)
     out += [Strategy("strict 6x8x48 C8", base, group_size=8), Strategy("strict 6x8x48 bfs", base, order="bfs")]
     if allow_approx:
@@ -207,6 +214,7 @@ def add_args(p) -> None:
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="the mixed set's shuffle")
+    p.add_argument("--strategies", nargs="+", help="a subset of the space by name (default: all of it)")
     p.add_argument("--precision", choices=("strict", "approx"), default="strict",
                    help="approx: approximate strategies enter the space and the planner may pick them")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -228,6 +236,13 @@ def cmd_bench_planner(args) -> int:
     if set(args.profile_docs) & set(args.eval_docs):
         raise ValueError(f"documents {sorted(set(args.profile_docs) & set(args.eval_docs))} are both profiled "
                          "and evaluated on: the mixed set must be held out from the profile")
+    space = strategy_space(args.precision == "approx")
+    if args.strategies:
+        names = [s.name for s in space]
+        bad = [n for n in args.strategies if n not in names]
+        if bad:
+            raise ValueError(f"unknown strategies {bad}; choose from {names}")
+        space = [s for s in space if s.name in args.strategies]
     texts = load_prompts(args.prompts)
     fams = check_families(args.families, texts)
     need = max(args.profile_docs + args.eval_docs) + 1
@@ -236,8 +251,7 @@ def cmd_bench_planner(args) -> int:
         raise ValueError(f"--prompts has fewer than {need} documents for {short} (scripts/make_e2e_prompts.py --docs {need})")
     model, tok = load_model(args.model, args.device)
     drafter = load_drafter(args.draft, model)
-    space = strategy_space(args.precision == "approx")
-    max_len = max(args.contexts) + args.new_tokens + max(s.tree.total_tokens for s in space) + 16
+    max_len = max(args.contexts) + args.new_tokens + max(s.tree.total_tokens + s.lookup for s in space) + 16
     runner = Runner(model, attention="nsa", max_len=max_len)
     engine = DeviceEngine(runner, drafter, graphs=False if args.eager or args.device == "cpu" else None)
 

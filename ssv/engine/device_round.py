@@ -78,6 +78,7 @@ class DeviceEngine(PhaseGraphs):
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}
         self._eager: set = set()       # buckets whose capture failed
+        self._warm: set = set()        # buckets warmed up uncaptured (`prepare` without graphs)
         self._pool = None
         self.timing = False            # record per-phase CUDA event times (phase -> [ms, ...])
         self.phase_ms: dict = {}
@@ -156,6 +157,9 @@ class DeviceEngine(PhaseGraphs):
     def _spec_phases(self, opts, params=None):
         key = (opts.key(), _pkey(params))
         io = self._io.setdefault(key, {})
+        if key[1] is not None and "coins" not in io:   # a sampled round's uniforms, drawn before each replay
+            T, k = _sample_bounds(opts)
+            io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
         return [(("draft", key), lambda: self._draft_body(opts, io, params)),
                 (("verify", key), lambda: self._verify_body(opts, io, params)),
                 (("accept", key), lambda: self._accept_body(opts, io, params))], io
@@ -243,11 +247,33 @@ class DeviceEngine(PhaseGraphs):
         self.catch_up()
         phases, io = self._spec_phases(opts, params)
         if _pkey(params) is not None:
-            T, k = _sample_bounds(opts)
-            if "coins" not in io:
-                io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
-            torch.rand((T, k + 1), generator=self.gen, device=self.coin.device, out=io["coins"])
+            torch.rand(io["coins"].shape, generator=self.gen, device=self.coin.device, out=io["coins"])
         return self._record(phases, opts.max_depth + 2, "spec")
+
+    @torch.no_grad()
+    def prepare(self, opts=None, params=None, ar: bool = False, keep_taps: bool = False, top_k: int = 8,
+                force: bool = False) -> None:
+        """Capture (or, uncaptured on CUDA, warm up) the buckets a generation is about to use, after
+        `start` and before its decode clock: the kernels' compiles and the graphs' capture are paid
+        here, once, not inside the first steps (vLLM captures at start-up). opts: the speculative
+        round's bucket; ar: the AR step's (keep_taps, top_k: a fall-back's, with its catch-up).
+        A bucket not prepared is still captured lazily at its first launch. force: warm up
+        uncaptured on the CPU too (tests)."""
+        if opts is not None:
+            if self.drafter is None:
+                raise ValueError("a speculative round needs a drafter")
+            check_spec(opts.tree)
+            if opts.lookup and not self._hist_ready:
+                raise ValueError("a context lookup needs the prompt's tokens: start(..., history=prompt)")
+            self._prepare(self._spec_phases(opts, params)[0], force)
+        if ar:
+            if keep_taps:
+                if self.drafter is None:
+                    raise ValueError("keep_taps needs a drafter")
+                if self.ring is None:
+                    self.ring = RowRing(self.runner, self.drafter, top_k)
+                self._prepare([(("catch-up",), self.ring.commit_body)], force)
+            self._prepare([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))], force)
 
     def finish(self, t: dict) -> list:
         """Wait for a launched step's record (its one device-to-host read); the host's lengths follow.

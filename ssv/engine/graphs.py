@@ -20,7 +20,8 @@ def _where(e: BaseException) -> str:
 
 class PhaseGraphs:
     """Graph capture and replay over `self._graphs` (phase key -> CUDAGraph), `self._eager` (keys whose
-    capture failed), `self._pool`, `self.graphs` (capture at all), `self.check_sync`, `self.timing`;
+    capture failed), `self._pool`, `self._warm` (keys warmed up uncaptured), `self.graphs` (capture at all),
+    `self.check_sync`, `self.timing`;
     the host class provides `_state()`."""
 
     def _run(self, phases) -> None:
@@ -49,11 +50,7 @@ class PhaseGraphs:
         # warm-up runs under the host-sync guard: an op a graph cannot hold is found at the op,
         # before a capture starts (inside one it would only show as an invalidated capture at its
         # end, with the graph pool left half-captured)
-        saved = [t.clone() for t in self._state()]
-
-        def restore():
-            for t, s in zip(self._state(), saved):
-                t.copy_(s)
+        saved, restore = self._saved()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         stage = "warm-up"
@@ -85,6 +82,32 @@ class PhaseGraphs:
             return
         restore()
         self._graphs.update(graphs)
+
+    def _saved(self):
+        """A copy of the round's state and a function that puts it back."""
+        saved = [t.clone() for t in self._state()]
+
+        def restore():
+            for t, s in zip(self._state(), saved):
+                t.copy_(s)
+        return saved, restore
+
+    def _prepare(self, phases, force: bool = False) -> None:
+        """Before a decode clock starts: capture the phases' graphs (graphs on), or run them once on a
+        copy of the state and put it back (CUDA eager: the kernels compile; force: on any device, which
+        the CPU tests use to check that a warm-up leaves the state as found)."""
+        key = phases[0][0]
+        if self.graphs:
+            if key not in self._graphs and key not in self._eager:
+                self._capture(phases)
+            return
+        if key in self._warm or not (force or torch.device(self.runner.device).type == "cuda"):
+            return
+        _, restore = self._saved()
+        for _, body in phases:
+            body()
+        restore()
+        self._warm.add(key)
 
     def _release_pool(self) -> None:
         """After a failed capture: the allocator may still route this stream's allocations to the pool

@@ -88,8 +88,9 @@ class Entry:
 
 def expected_length(e: Entry, scale: float) -> float:
     """The accepted length if drafting is `scale` times as good as when profiled: the drafted part
-    (all but the bonus) scales, capped by what the tree can accept (depth + 1)."""
-    return min(1.0 + (e.mean_accepted_length - 1.0) * scale, e.strategy.tree.depth + 1.0)
+    (all but the bonus) scales, capped by what the round can accept (its deepest path + 1: the
+    tree's depth, or a looked-up chain's length)."""
+    return min(1.0 + (e.mean_accepted_length - 1.0) * scale, max(e.strategy.tree.depth, e.strategy.lookup) + 1.0)
 
 
 @dataclass

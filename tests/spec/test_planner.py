@@ -48,6 +48,10 @@ def test_profile_buckets_ranking_and_json(tmp_path):
     # drafting twice as good as profiled: the deep tree's drafted part doubles, capped at depth + 1
     assert expected_length(Entry(DEEP, 4.0, 0.2), 2.0) == 7.0
     assert expected_length(Entry(SHALLOW, 2.0, 0.1), 5.0) == 3.0
+    # a looked-up chain of 6 reaches past the tree's depth of 2: capped at the chain's 6 + 1
+    chained = Strategy("chained", TreeSpec(2, 4, 8), group_size=2, lookup=6)
+    assert expected_length(Entry(chained, 2.0, 0.1), 5.0) == 6.0
+    assert expected_length(Entry(chained, 2.0, 0.1), 10.0) == 7.0
 
 
 @pytest.mark.parametrize("bad, msg", [

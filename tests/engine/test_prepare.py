@@ -1,0 +1,108 @@
+"""`DeviceEngine.prepare`: the buckets a generation uses are compiled / captured before its decode
+clock, and the warm-up leaves the round's state as it found it."""
+import pytest
+import torch
+
+from ssv.config import NSAConfig
+from ssv.draft import Eagle3Drafter
+from ssv.engine.device_round import DeviceEngine
+from ssv.spec.fallback import ArFallback
+from ssv.engine.generate import generate_ar
+from ssv.engine.runner import Runner
+from ssv.engine.spec import SpecOptions, generate_spec
+from ssv.spec.accept import SamplingParams
+from ssv.spec.tree import TreeSpec
+
+from ..draft.helpers import tiny_head
+from ..draft.helpers import tiny_target as draft_target
+
+NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+
+
+def _setup(device="cpu", **kw):
+    target = draft_target().to(device)
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    # a repeated stretch: the context lookup finds proposals
+    g = torch.Generator().manual_seed(5)
+    part = torch.randint(3, target.cfg.vocab_size, (20,), generator=g).tolist()
+    prompt = part + torch.randint(3, target.cfg.vocab_size, (9,), generator=g).tolist() + part
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64).to(device), target)
+    return r, d, prompt, DeviceEngine(r, d, **kw)
+
+
+def _fallback():
+    fb = ArFallback(slack=0, min_ar=4, max_ar=8, prior_break_even=50.0)
+    fb.break_even = lambda: 50.0   # bursts of AR steps between the rounds
+    return fb
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_warm_up_leaves_the_round_state_as_found(params):
+    r, d, prompt, eng = _setup()
+    opts = SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3)
+    _, chunks = r.prefill(prompt, taps=d.taps)
+    d.commit([torch.cat([c[i] for c in chunks]) for i in range(len(d.taps))], torch.tensor(prompt[1:] + [7]))
+    eng.start(7, seed=1, history=prompt)
+    before = [t.clone() for t in eng._state()]
+    eng.prepare(opts, params, ar=True, keep_taps=True, top_k=2)
+    assert not eng._warm and not eng._graphs               # on the CPU nothing compiles: nothing runs
+    eng.prepare(opts, params, ar=True, keep_taps=True, top_k=2, force=True)
+    assert len(eng._warm) == 3                             # the round, the AR step, the catch-up
+    after = eng._state()
+    assert len(after) == len(before) + len(eng.ring.tensors())   # the ring is made for the fall-back
+    for b, a in zip(before, after):
+        assert torch.equal(b, a)
+    assert not eng.ring.pending and int(eng.ring.cnt) == 0
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_prepared_generation_equals_an_unprepared_one(params, monkeypatch):
+    opts = SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3)
+    r, d, prompt, eng = _setup()
+    ref = generate_spec(r, d, prompt, params, 40, opts=opts, engine=eng, fallback=_fallback(), seed=3)
+    assert ref.stats["ar_steps"] > 0 and ref.stats["rounds"] > 0
+    plain = DeviceEngine.prepare
+    monkeypatch.setattr(DeviceEngine, "prepare", lambda self, *a, **k: plain(self, *a, **{**k, "force": True}))
+    r, d, prompt, eng = _setup()
+    got = generate_spec(r, d, prompt, params, 40, opts=opts, engine=eng, fallback=_fallback(), seed=3)
+    assert len(eng._warm) == 3
+    assert got.token_ids == ref.token_ids
+    assert got.stats["setup_seconds"] > 0 and "setup_seconds" in ref.stats
+    ar_ref = generate_ar(r, prompt, params, 20, engine=DeviceEngine(r), seed=2)
+    ar_eng = DeviceEngine(r)
+    ar = generate_ar(r, prompt, params, 20, engine=ar_eng, seed=2)
+    assert len(ar_eng._warm) == 1 and ar.token_ids == ar_ref.token_ids
+
+
+@CUDA
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_cuda_graphs_are_captured_before_the_decode_clock(params, monkeypatch):
+    """Every graph a generation with a fall-back replays is captured in `prepare`, none in its steps;
+    the tokens equal an eager engine's."""
+    opts = SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3)
+    r, d, prompt, eager = _setup("cuda", graphs=False)
+    ref = generate_spec(r, d, prompt, params, 40, opts=opts, engine=eager, fallback=_fallback(), seed=3)
+    assert len(eager._warm) == 3                           # CUDA eager: warmed (compiled) all the same
+    r, d, prompt, eng = _setup("cuda")
+    inside, where = [False], []
+    cap, prep = DeviceEngine._capture, DeviceEngine.prepare
+
+    def capture(self, phases):
+        where.append((phases[0][0][0], inside[0]))
+        return cap(self, phases)
+
+    def prepare(self, *a, **k):
+        inside[0] = True
+        try:
+            return prep(self, *a, **k)
+        finally:
+            inside[0] = False
+    monkeypatch.setattr(DeviceEngine, "_capture", capture)
+    monkeypatch.setattr(DeviceEngine, "prepare", prepare)
+    got = generate_spec(r, d, prompt, params, 40, opts=opts, engine=eng, fallback=_fallback(), seed=3)
+    assert got.stats["ar_steps"] > 0 and got.stats["rounds"] > 0
+    assert sorted(k for k, _ in where) == ["ar", "catch-up", "draft"] and all(i for _, i in where)
+    assert got.token_ids == ref.token_ids
