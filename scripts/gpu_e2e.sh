@@ -25,6 +25,7 @@ case "${1:?call number}" in
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
     timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS1:-tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py \
         tests/ops/test_glue.py tests/ops/test_route_topk.py tests/engine/test_fallback.py} 2>&1 | tee "$OUTD/e2e-tests-h200.log" | tail -25
+    [ -n "${PROBE_PREFILL:-}" ] && OUT="$OUTD" timeout 200 python3 scripts/probe_prefill.py $PROBE_PREFILL 2>&1 | tail -12
     [ -n "${PROBE_DENSE:-}" ] && timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-$SSV_COMMIT.json" 2>&1 | tail -40
     [ -n "${NO_STEPS:-}" ] || timeout ${STEPS_TIMEOUT:-240} python3 -m ssv bench e2e --no-default --steps ${STEPS:-8192 65536 131072} --out "$OUTD" 2>&1 | tail -40
     ;;

@@ -18,6 +18,7 @@ from ssv.attention_device import device_plan
 from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
+from ssv.engine.prefill import PREFILL_CHUNK, DevicePrefill  # noqa: F401 -- PREFILL_CHUNK: the engine's API
 from ssv.spec.accept import probs_unchecked
 from ssv.ops.accept.naive import round_record_naive
 from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
@@ -36,7 +37,7 @@ def _sample_bounds(opts) -> tuple:
     return opts.tree.total_tokens + opts.lookup, opts.tree.top_k + int(opts.lookup > 0)
 
 
-class DeviceEngine(PhaseGraphs):
+class DeviceEngine(PhaseGraphs, DevicePrefill):
     def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False,
                  overlap: Optional[bool] = None):
         """graphs: capture CUDA graphs (default: on CUDA). check_sync: run every eager round under the
@@ -74,6 +75,7 @@ class DeviceEngine(PhaseGraphs):
             from ssv.ops.lookup.ops import lookup_workspace
             self._lookup_best = lookup_workspace(device=dev)
         self.ring: Optional[RowRing] = None   # AR steps' drafter rows until the next round
+        self._pf: Optional[dict] = None       # the prefill chunk's static tensors (`prefill`)
         self._plans: dict = {}
         self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
         self._graphs: dict = {}

@@ -50,6 +50,12 @@ def ar_host_step(runner: Runner, token: int, params: SamplingParams, gen: torch.
     return pick_token(see(last) if see is not None else last, params, gen)
 
 
+def prefill_of(runner: Runner, engine=None):
+    """The prompt's prefill: the engine's graphed chunks on CUDA (`DeviceEngine.prefill`), else the
+    runner's (the CPU keeps its own chunked path, `ssv.ops.nsa.cpu`)."""
+    return engine.prefill if engine is not None and engine.graphs else runner.prefill
+
+
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                 seed: int = 0, stop_ids=(), progress: bool = False, margins: bool = False,
                 engine=None) -> GenResult:
@@ -60,11 +66,14 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
     engine (ssv.engine.device_round.DeviceEngine over this runner): greedy steps run
     device-resident (graphed on CUDA); sampling and margins keep the host step."""
     check_budget(runner, len(prompt_ids), max_new_tokens)
+    fast = engine is not None and not margins
+    if fast and engine.runner is not runner:
+        raise ValueError("the device engine belongs to another runner")
     gen = torch.Generator().manual_seed(seed)
     runner.reset()
     _sync(runner.device)
     t0 = time.perf_counter()
-    logits, _ = runner.prefill(prompt_ids, progress=progress)
+    logits, _ = prefill_of(runner, engine if fast else None)(prompt_ids, progress=progress)
     gaps = []
 
     def gap(lg):
@@ -73,10 +82,7 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
             gaps.append(float(top[0] - top[1]))
         return lg
     out = [pick_token(gap(logits), params, gen)]
-    fast = engine is not None and not margins
     if fast:
-        if engine.runner is not runner:
-            raise ValueError("the device engine belongs to another runner")
         # the engine's coins from a seed the host generator draws: never the host's own stream
         engine.start(out[0], int(torch.randint(2 ** 62, (1,), generator=gen)))
     _sync(runner.device)

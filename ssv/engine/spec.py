@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ssv.attention import StepMeta, VerifyOptions
-from ssv.engine.generate import GenResult, _sync, check_budget, pick_token
+from ssv.engine.generate import GenResult, _sync, check_budget, pick_token, prefill_of
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
 from ssv.spec.lookup import attach_chain, context_lookup
@@ -129,11 +129,14 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     if fallback is not None:
         fallback.reset()
     gen = torch.Generator().manual_seed(seed)
+    fast = engine is not None
+    if fast and (engine.runner is not runner or engine.drafter is not drafter):
+        raise ValueError("the device engine belongs to another runner or drafter")
     runner.reset()
     drafter.reset()
     _sync(runner.device)
     t0 = time.perf_counter()
-    logits, chunks = runner.prefill(prompt_ids, progress=progress, taps=drafter.taps)
+    logits, chunks = prefill_of(runner, engine)(prompt_ids, progress=progress, taps=drafter.taps)
     root = pick_token(logits, params, gen)
     taps = [torch.cat([c[i] for c in chunks]) for i in range(len(drafter.taps))]
     # with a fall-back, the head's agreement with the prompt's last rows decides the first step
@@ -141,10 +144,7 @@ def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingPar
     prime = fallback is not None and opts is not None and fallback.prime_rows > 0 and hasattr(drafter, "agreement")
     agree = {"agree": (opts.tree.top_k, fallback.prime_rows + 1)} if prime else {}
     root_logp = drafter.commit(taps, torch.tensor(prompt_ids[1:] + [root]), **agree)
-    fast = engine is not None
     if fast:
-        if engine.runner is not runner or engine.drafter is not drafter:
-            raise ValueError("the device engine belongs to another runner or drafter")
         # the engine's coins from a seed the host generator draws: never the host's own stream
         engine.start(root, int(torch.randint(2 ** 62, (1,), generator=gen)), history=prompt_ids)
     if prime and drafter.agreement is not None:
