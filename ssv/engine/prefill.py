@@ -12,14 +12,15 @@ PREFILL_CHUNK = 128
 
 
 class DevicePrefill:
-    def _prefill_body(self, taps) -> None:
+    def _prefill_body(self, taps, out: dict) -> None:
         # one chunk of the prompt as a chain of PREFILL_CHUNK rows, the first n real (the rest write
-        # past the committed length, in the scratch slots: never read), committed on the device
+        # past the committed length, in the scratch slots: never read), committed on the device;
+        # `out` is this graph's own (each taps set is a graph, each with its own output tensors)
         cache, model, io = self.runner.cache, self.runner.model, self._pf
         plan = self._plan(("prefill",), PREFILL_CHUNK)
         pos = cache.dlen.long() + io["rows"]
         plan.plan(cache.dlen, pos, io["mask"])
-        io["logits"], io["taps"] = model(io["tok"], pos, plan, cache, logits_rows=io["n"] - 1, taps=taps)
+        out["logits"], out["taps"] = model(io["tok"], pos, plan, cache, logits_rows=io["n"] - 1, taps=taps)
         cache.commit_device(io["rows"], io["n"], kernel=self.kernels)
 
     @torch.no_grad()
@@ -45,7 +46,9 @@ class DevicePrefill:
         padded[:len(ids)] = torch.as_tensor(ids, dtype=torch.long)
         padded = padded.to(dev, non_blocking=True)
         r.cache.sync_device()
-        phases = [(("prefill", tuple(taps)), lambda: self._prefill_body(taps))]
+        key = ("prefill", tuple(taps))
+        out = io.setdefault(key, {})
+        phases = [(key, lambda: self._prefill_body(taps, out))]
         from tqdm import tqdm
         tapped = []
         for c0 in tqdm(range(0, len(ids), C), desc="prefill", unit="chunk", disable=not progress, leave=False):
@@ -55,5 +58,5 @@ class DevicePrefill:
             self._run(phases)
             r.cache.advance_host(m)
             if taps:   # the graph's outputs are overwritten by the next chunk's replay
-                tapped.append([t[:m].clone() for t in io["taps"]])
-        return io["logits"][-1].clone(), tapped
+                tapped.append([t[:m].clone() for t in out["taps"]])
+        return out["logits"][-1].clone(), tapped

@@ -20,8 +20,8 @@ GREEDY = SamplingParams(temperature=0.0)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
 
 
-def _runner(device, attention="nsa", dtype=torch.float32):
-    target = tiny_target(vocab=80, layers=3, head_dim=16).to(device, dtype)
+def _runner(device, attention="nsa", dtype=torch.float32, layers=3):
+    target = tiny_target(vocab=80, layers=layers, head_dim=16).to(device, dtype)
     return target, Runner(target, attention=attention, nsa=NSA, max_len=420)
 
 
@@ -99,7 +99,7 @@ def test_cuda_graphed_prefill_equals_the_host_prefill(n):
 
 @CUDA
 def test_cuda_generation_with_the_graphed_prefill_keeps_the_ar_tokens():
-    target, r = _runner("cuda")
+    target, r = _runner("cuda", layers=4)   # an EAGLE-3 head taps 3 distinct layers
     prompt = torch.randint(3, 80, (300,), generator=torch.Generator().manual_seed(9)).tolist()
     ar = generate_ar(r, prompt, GREEDY, 40)                       # host prefill, host steps
     eng = DeviceEngine(r)
@@ -109,3 +109,23 @@ def test_cuda_generation_with_the_graphed_prefill_keeps_the_ar_tokens():
     eng = DeviceEngine(r, d)
     res = generate_spec(r, d, prompt, GREEDY, 40, opts=SpecOptions(tree=TreeSpec(3, 2, 6)), engine=eng)
     assert res.token_ids == ar.token_ids
+
+
+@CUDA
+def test_cuda_prefill_graphs_with_and_without_taps_keep_their_own_outputs():
+    """Two prefill graphs (AR's without taps, speculation's with them) on one engine, alternating:
+    each reads its own graph's logits (a shared output slot once returned the other graph's)."""
+    target, r = _runner("cuda")
+    eng = DeviceEngine(r)
+    a = torch.randint(0, 80, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    b = torch.randint(0, 80, (170,), generator=torch.Generator().manual_seed(2)).tolist()
+    want = {}
+    for ids in (a, b):
+        for taps in ((), (0, 2)):
+            r.reset()
+            want[len(ids), taps] = r.prefill(ids, taps=taps)[0]
+    for ids, taps in ((a, ()), (a, (0, 2)), (b, ()), (b, (0, 2)), (a, ())):
+        r.reset()
+        got = eng.prefill(ids, taps=taps)[0]
+        torch.testing.assert_close(got, want[len(ids), taps], rtol=1e-3, atol=1e-3)
+    assert {k for k in eng._graphs} == {("prefill", ()), ("prefill", (0, 2))}

@@ -67,7 +67,7 @@ def test_graph_replay_equals_eager_eagle3_round():
         eng = DeviceEngine(r, d, graphs=graphs)
         sp = generate_spec(r, d, prompt, GREEDY, 80, opts=SpecOptions(tree=TreeSpec(5, 3, 16)), engine=eng)
         if graphs:
-            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"prefill", "draft", "verify", "accept"}
         outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.k[:16].float().cpu(), d.slot_pos.cpu())
     assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
     assert torch.equal(outs[True][3], outs[False][3])
@@ -116,7 +116,7 @@ def test_graph_replay_equals_eager_round(attention):
         eng = DeviceEngine(r, d, graphs=graphs)
         sp = generate_spec(r, d, prompt, GREEDY, 200, opts=SpecOptions(tree=TreeSpec(5, 2, 10)), engine=eng)
         if graphs:  # replayed, not the eager fallback (which would make this comparison vacuous)
-            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"prefill", "draft", "verify", "accept"}
         outs[graphs] = (ar.token_ids, sp.token_ids, sp.stats["stop"], r.cache.k[:, :, :r.length].float().cpu())
     assert outs[True][0] == outs[False][0]
     assert outs[True][1] == outs[False][1] and outs[True][2] == "context"
@@ -146,7 +146,7 @@ def test_capture_failure_falls_back_and_later_captures_work(monkeypatch, where):
     eng = DeviceEngine(r)
     with pytest.warns(UserWarning, match=f"CUDA graph {where} of ar failed"):
         assert generate_ar(r, prompt, GREEDY, 20, engine=eng).token_ids == ref
-    assert ("ar", None, False) in eng._eager and not eng._graphs
+    assert ("ar", None, False) in eng._eager and set(eng._graphs) == {("prefill", ())}   # the prompt's chunks
     monkeypatch.setattr(DeviceEngine, "_ar_body", body)
     again = DeviceEngine(r)
     assert generate_ar(r, prompt, GREEDY, 20, engine=again).token_ids == ref
@@ -172,7 +172,7 @@ def test_sampled_graph_replay_equals_eager():
         eng = DeviceEngine(r, d, graphs=graphs)
         sp = generate_spec(r, d, prompt, params, 40, opts=SpecOptions(tree=TreeSpec(4, 2, 8)), seed=3, engine=eng)
         if graphs:
-            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"prefill", "draft", "verify", "accept"}
         outs[graphs] = (sa.token_ids, sp.token_ids)
     assert outs[True] == outs[False]
 
@@ -218,7 +218,7 @@ def test_graph_replay_equals_eager_lookup_round():
         eng = DeviceEngine(r, d, graphs=graphs)
         sp = generate_spec(r, d, prompt, GREEDY, 120, opts=SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8), engine=eng)
         if graphs:
-            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"prefill", "draft", "verify", "accept"}
             with pytest.raises(ValueError, match="compact"):
                 eng.launch_spec(SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8, spares=False))
         assert len(sp.stats["acceptance_by_depth"]) > 3
@@ -244,7 +244,7 @@ def test_graph_replay_equals_eager_sampled_lookup_round():
         sp = generate_spec(r, d, prompt, hot, 80, opts=SpecOptions(tree=TreeSpec(3, 3, 8), lookup=8), seed=11,
                            engine=eng)
         if graphs:
-            assert not eng._eager and {k[0] for k in eng._graphs} == {"draft", "verify", "accept"}
+            assert not eng._eager and {k[0] for k in eng._graphs} == {"prefill", "draft", "verify", "accept"}
         assert eng.hist[:len(prompt) + len(sp.token_ids)].tolist() == prompt + sp.token_ids
         outs[graphs] = (sp.token_ids, sp.stats["rounds"], d.slot_pos.cpu())
     assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
