@@ -51,9 +51,10 @@ def ar_host_step(runner: Runner, token: int, params: SamplingParams, gen: torch.
 
 
 def prefill_of(runner: Runner, engine=None):
-    """The prompt's prefill: the engine's graphed chunks on CUDA (`DeviceEngine.prefill`), else the
-    runner's (the CPU keeps its own chunked path, `ssv.ops.nsa.cpu`)."""
-    return engine.prefill if engine is not None and engine.graphs else runner.prefill
+    """The prompt's prefill: on CUDA the engine's chunks (`DeviceEngine.prefill`: graphed, or the same
+    code uncaptured with graphs off, so that graphs on and off compute alike), else the runner's (the
+    CPU keeps its own chunked path, `ssv.ops.nsa.cpu`)."""
+    return engine.prefill if engine is not None and runner.device.type == "cuda" else runner.prefill
 
 
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
