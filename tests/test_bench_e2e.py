@@ -171,3 +171,18 @@ def test_step_table_shapes():
     s = SHAPES["smollm2-135m"]
     assert (s.hidden_size, s.intermediate_size, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab_size) == \
         (576, 1536, 30, 9, 3, 64, 49152) and s.tie_embeddings
+
+
+def test_sampled_runs_have_their_parameters_and_no_identity_count():
+    import argparse
+
+    from ssv.bench.e2e import sampling
+    p = sampling(argparse.Namespace(temperature=0.7, top_p=0.9))
+    assert not p.greedy and p.temperature == 0.7 and p.top_p == 0.9
+    assert sampling(argparse.Namespace(temperature=0.0, top_p=1.0)).greedy
+    with pytest.raises(ValueError):
+        sampling(argparse.Namespace(temperature=-1.0, top_p=1.0))
+    rows = [dict(family="code", context=1024, target_context=1024, doc=0, rep=0, mode=m, tokens_per_second=t,
+                 mean_accepted_length=1.0, identical_to_ar=None) for m, t in (("ar-nsa", 100.0), ("ssv strict", 150.0))]
+    s = {r["mode"]: r for r in summarize(rows)}
+    assert s["ssv strict"]["identical_to_ar"] is None and s["ssv strict"]["speedup_vs_ar_nsa"] == pytest.approx(1.5)

@@ -123,8 +123,9 @@ def first_diff(a, b):
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
 
-def hf_generate(model, ids: list, new_tokens: int, max_cache: int):
-    """transformers' own greedy generate on the same weights, static cache (its auto-compiled decode).
+def hf_generate(model, ids: list, new_tokens: int, max_cache: int, params: SamplingParams = GREEDY):
+    """transformers' own generate on the same weights, static cache (its auto-compiled decode), greedy
+    or sampled as `params` (no top-k: transformers' default of 50 would be another distribution).
     Returns (token ids, decode tok/s)."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
     cache = getattr(model, "_hf", None)
@@ -147,14 +148,20 @@ def hf_generate(model, ids: list, new_tokens: int, max_cache: int):
         kv = StaticCache(config=hf.config, max_cache_len=max_cache)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = hf.generate(x, max_new_tokens=n, do_sample=False, past_key_values=kv, min_new_tokens=n,
-                          pad_token_id=0)
+        how = (dict(do_sample=False) if params.greedy else
+               dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0))
+        out = hf.generate(x, max_new_tokens=n, past_key_values=kv, min_new_tokens=n, pad_token_id=0, **how)
         torch.cuda.synchronize()
         return out[0, len(ids):].tolist(), time.perf_counter() - t0
     run(new_tokens)                # compiles / warms at this prompt length
     _, t1 = run(1)
     toks, tn = run(new_tokens)
     return toks, (new_tokens - 1) / max(tn - t1, 1e-9)
+
+
+def sampling(args) -> SamplingParams:
+    """The runs' sampling parameters (greedy by default, as the issue's table)."""
+    return SamplingParams(temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0))
 
 
 def run_default(args, env: dict, save) -> list:
@@ -171,12 +178,14 @@ def run_default(args, env: dict, save) -> list:
         texts = json.load(f)
     rows = []
 
+    params = sampling(args)
+
     def run_mode(mode, ids, warm=False):
         att, opts = table[mode]
         r, eng = runners[att], engines[att]
         eng.timing, eng.phase_ms = True, {}
         if opts is None:
-            res = generate_ar(r, ids, GREEDY, args.new_tokens, engine=eng)
+            res = generate_ar(r, ids, params, args.new_tokens, engine=eng, seed=args.seed)
         else:
             fb = None
             if mode in FALLBACK:  # the warm-up forces a burst: the fall-back's graphs are captured too
@@ -184,7 +193,8 @@ def run_default(args, env: dict, save) -> list:
                 extra = {"use_agreement": False} if opts.lookup else {}
                 fb = (ArFallback(slack=0, min_ar=4, max_ar=4, prior_break_even=1e9, **extra) if warm
                       else ArFallback(**extra))
-            res = generate_spec(r, drafter, ids, GREEDY, args.new_tokens, opts=opts, engine=eng, fallback=fb)
+            res = generate_spec(r, drafter, ids, params, args.new_tokens, opts=opts, engine=eng, fallback=fb,
+                                seed=args.seed)
         eng.timing = False
         split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}
         prof = profile_rounds(eng, opts)
@@ -207,18 +217,21 @@ def run_default(args, env: dict, save) -> list:
                            "mode": mode}
                     try:
                         if mode == "transformers":
-                            toks, tps = hf_generate(model, ids, args.new_tokens, max_len)
+                            toks, tps = hf_generate(model, ids, args.new_tokens, max_len, params)
                             row.update(tokens_per_second=tps, mean_accepted_length=1.0, token_ids=toks,
-                                       identical_to_ar=toks == ref.get("ar dense"))
+                                       identical_to_ar=toks == ref.get("ar dense") if params.greedy else None)
                         else:
                             res, split, prof = run_mode(mode, ids)
                             att = table[mode][0]
                             base = ref.setdefault(f"ar {att}" if att == "dense" else "ar-nsa", res.token_ids)
                             diff = first_diff(res.token_ids, base)
+                            if not params.greedy:   # sampled texts differ by design: lossless in distribution
+                                diff = None
                             row.update(tokens_per_second=res.stats["tokens_per_second"],
                                        mean_accepted_length=res.stats["mean_accepted_length"],
                                        rounds=res.stats["rounds"], decode_seconds=res.stats["decode_seconds"],
-                                       round_ms=split, identical_to_ar=diff is None, first_diff=diff,
+                                       round_ms=split, identical_to_ar=(diff is None) if params.greedy else None,
+                                       first_diff=diff,
                                        token_ids=res.token_ids, ar_steps=res.stats.get("ar_steps", 0), **prof)
                             if "fallback" in res.stats:
                                 row["fallback"] = res.stats["fallback"]
@@ -271,7 +284,10 @@ def summarize(rows: list) -> list:
                     "speedup_vs_ar_nsa": statistics.median(ratios) if ratios else None,
                     "speedup_range": [min(ratios), max(ratios)] if ratios else None,
                     "gpu_busy_fraction": mean("gpu_busy_fraction"), "launches_per_round": mean("launches_per_round"),
-                    "identical_to_ar": sum(bool(x.get("identical_to_ar")) for x in first), "docs": len(docs),
+                    # None where no run compares (sampled runs: their texts differ by design)
+                    "identical_to_ar": (sum(bool(x.get("identical_to_ar")) for x in first)
+                                        if any(x.get("identical_to_ar") is not None for x in first) else None),
+                    "docs": len(docs),
                     "repeats": len(rs) // max(1, len(docs))})
     return out
 
@@ -314,6 +330,10 @@ def add_args(p) -> None:
     p.add_argument("--steps-shape", default="llama3.1-8b", choices=["llama3.1-8b", "smollm2-135m"],
                    help="the step table's model shape (random bf16 weights)")
     p.add_argument("--no-default", action="store_true", help="skip the default-model part")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0: every mode samples (texts differ from ar's by design; e2e-cuda-sampled.json)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
 
 
@@ -328,9 +348,11 @@ def cmd_bench_e2e(args) -> int:
         raise ValueError(f"unknown modes {bad}; choose from {list(MODES)}")
     if not args.no_default and not os.path.isfile(args.prompts):
         raise FileNotFoundError(f"--prompts {args.prompts} not found (make it with scripts/make_e2e_prompts.py)")
+    params = sampling(args)   # bad values fail here, before a model loads
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "e2e-cuda.json")
-    doc = {"env": environment(), "summary": [], "steps": [], "rows": []}
+    path = os.path.join(args.out, "e2e-cuda.json" if params.greedy else "e2e-cuda-sampled.json")
+    doc = {"env": environment(), "sampling": {"temperature": params.temperature, "top_p": params.top_p,
+                                              "seed": args.seed}, "summary": [], "steps": [], "rows": []}
     if os.path.isfile(path):  # a run in several calls: keep the other part's results
         with open(path) as f:
             old = json.load(f)
@@ -354,7 +376,7 @@ def cmd_bench_e2e(args) -> int:
             f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
             print(f"{s['family']} {s['context']} {s['mode']:24s} {f(s['tokens_per_second'], 1)} "
                   f"{f(s['mean_accepted_length'])} {f(s['speedup_vs_ar_nsa'])} {f(s['gpu_busy_fraction'])} "
-                  f"{f(s['launches_per_round'], 0)} {s['identical_to_ar']}/{s['docs']}")
+                  f"{f(s['launches_per_round'], 0)} {'-' if s['identical_to_ar'] is None else s['identical_to_ar']}/{s['docs']}")
         plot(doc["summary"], os.path.join(args.out, "e2e-cuda.png"))
     save()
     print(f"wrote {path}")

@@ -286,43 +286,41 @@ def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: 
     T, V = logits.shape
     dev = logits.device
     probs = probs_unchecked(logits, params).double()                         # [T, V]
+    # every node's decision at once: a node's coins are its own, so whether a walk that reaches u
+    # goes on (and to which child) does not depend on how it got there (102 ops at T = 48, k = 9,
+    # D = 8, where a walk level by level took 474: scripts/count_accept_ops.py)
     kids = child_table(tree, k)                                               # [T, k]
+    valid = kids >= 0
+    x = tree.tokens[kids.clamp_min(0)]                                        # [T, k]
     tri = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)             # [j, i]: i before j
-    path = torch.full((D + 1,), -1, dtype=torch.long, device=dev)
-    path[:1].zero_()
-    cur = torch.zeros(1, dtype=torch.long, device=dev)
-    alive = torch.ones(1, dtype=torch.bool, device=dev)
-    length = torch.ones(1, dtype=torch.long, device=dev)
-    last_removed = torch.zeros(1, V, dtype=torch.bool, device=dev)           # tokens tried at the stop node
-    stop_node = torch.zeros(1, dtype=torch.long, device=dev)
-    for d in range(1, D + 2):     # one more than D: the node at depth D has no children, it only stops
-        row = kids[cur][0]                                                    # [k]
-        valid = row >= 0
-        x = tree.tokens[row.clamp_min(0)]
-        pu = probs[cur][0]                                                    # [V]
-        dup = ((x[:, None] == x[None, :]) & valid[None, :] & tri).any(1)
-        q = torch.where(valid & ~dup, pu[x], 0.0)
-        R = pu.sum() - (q.cumsum(0) - q)
-        # the last token with mass left is always accepted (the host's p[x] = a / a = 1 exactly;
-        # R - q here is a difference of sums, so it is taken as zero within rounding)
-        last = (q > 0) & (R - q <= 1e-12 * R)
-        acc = valid & ((coins[cur, :k][0].double() * R < q) | last)
-        found = acc.any().reshape(1) & alive
-        first = torch.argmax(acc.to(torch.int8)).reshape(1)
-        # the node where the walk stops keeps its tried tokens for the bonus
-        stop_here = alive & ~found
-        removed = torch.zeros(V + 1, dtype=torch.bool, device=dev).index_fill_(0, torch.where(valid, x, V), True)
-        last_removed = torch.where(stop_here[:, None], removed[None, :V], last_removed)
-        stop_node = torch.where(stop_here, cur, stop_node)
-        nxt = row[first]
-        cur = torch.where(found, nxt, cur)
-        if d <= D:
-            path[d:d + 1] = torch.where(found, nxt, path[d:d + 1])
-        length = length + found.long()
-        alive = alive & found
-    # the bonus: inverse CDF at the stop node over what its rejections left
-    p = torch.where(last_removed[0], 0.0, probs[stop_node][0])
-    return path, length, sample_device(p, coins[stop_node, -1])
+    dup = ((x[:, :, None] == x[:, None, :]) & valid[:, None, :] & tri).any(-1)
+    q = torch.where(valid & ~dup, probs.gather(1, x), 0.0)                    # [T, k]
+    R = probs.sum(-1, keepdim=True) - (q.cumsum(-1) - q)
+    # the last token with mass left is always accepted (the host's p[x] = a / a = 1 exactly;
+    # R - q here is a difference of sums, so it is taken as zero within rounding)
+    last = (q > 0) & (R - q <= 1e-12 * R)
+    acc = valid & ((coins[:T, :k].double() * R < q) | last)   # coins: a bucket's rows, the tree may use fewer
+    found = acc.any(-1)                                                       # [T]
+    nxt = kids.gather(1, torch.argmax(acc.to(torch.int8), -1, keepdim=True))[:, 0]
+    # on the path: every node from the root down was its parent's accepted child (pointer doubling
+    # over the ancestors: ceil(log2(D + 1)) steps)
+    par = tree.parents.clamp_min(0)
+    good = (tree.parents < 0) | (found[par] & (nxt[par] == torch.arange(T, device=dev)))
+    up = par
+    for _ in range(max(1, D.bit_length())):
+        good = good & good[up]
+        up = up[up]
+    depth_of = tree.depth.clamp_max(D + 1)
+    path = torch.full((D + 2,), -1, dtype=torch.long, device=dev)
+    path.scatter_(0, torch.where(good, depth_of, D + 1), torch.arange(T, device=dev))   # D + 1: a dump
+    path = path[: D + 1]
+    length = good.sum().reshape(1)
+    stop = path.gather(0, length - 1)                                         # the deepest node reached
+    # the bonus: inverse CDF at the stop node over what its rejections left (every child was tried)
+    xs = x[stop][0]
+    removed = torch.zeros(V + 1, dtype=torch.bool, device=dev).index_fill_(0, torch.where(valid[stop][0], xs, V), True)
+    p = torch.where(removed[:V], 0.0, probs[stop][0])
+    return path, length, sample_device(p, coins[stop, -1])
 
 
 def sample_device(p: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
