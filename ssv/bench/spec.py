@@ -159,8 +159,9 @@ def eval_spec(model, drafter, docs, contexts: list, new_tokens: int, tree: TreeS
     run (reproducible on the host). repeats > 1: each document's `ar` run and mode runs are repeated
     in turn (ar, modes, ar, modes, ...: the same machine state for each ratio), rows tagged `rep`.
     device_round: every run on a `DeviceEngine` (what `ssv generate` runs), no AR fall-back; ar then
-    records no top-2 margins (they need the host step). Each run builds its own engine, so on CUDA its
-    graph captures fall inside the run: `ssv bench e2e` is the CUDA end-to-end benchmark.
+    records no top-2 margins (they need the host step). Each run builds its own engine, so on CUDA it
+    captures its graphs again (before its decode clock: `DeviceEngine.prepare`; a capture every run
+    still costs the run's wall time): `ssv bench e2e` is the CUDA end-to-end benchmark.
     paired: each mode's run also steps an `ar` run between its own steps (`ssv.bench.paired`), and its
     speedup_vs_ar is over that paired ar (the unpaired ratio stays as speedup_vs_ar_run)."""
     if not isinstance(repeats, int) or repeats < 1:
