@@ -54,7 +54,9 @@ def prefill_of(runner: Runner, engine=None):
     """The prompt's prefill: on CUDA the engine's chunks (`DeviceEngine.prefill`: graphed, or the same
     code uncaptured with graphs off, so that graphs on and off compute alike), else the runner's (the
     CPU keeps its own chunked path, `ssv.ops.nsa.cpu`)."""
-    return engine.prefill if engine is not None and runner.device.type == "cuda" else runner.prefill
+    from ssv.engine.prefill import PREFILL_CHUNK
+    chunks = engine is not None and runner.device.type == "cuda" and runner.cache.scratch >= PREFILL_CHUNK
+    return engine.prefill if chunks else runner.prefill
 
 
 def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_new_tokens: int,

@@ -132,3 +132,19 @@ def test_cuda_prefill_graphs_with_and_without_taps_keep_their_own_outputs():
         got = eng.prefill(ids, taps=taps)[0]
         torch.testing.assert_close(got, want[len(ids), taps], rtol=1e-3, atol=1e-3)
     assert {k for k in eng._graphs} == {("prefill", ()), ("prefill", (0, 2))}
+
+
+def test_which_prefill_a_generation_takes():
+    """The engine's chunks on CUDA (graphs on or off) when the scratch holds a chunk; the runner's
+    prefill on the CPU, without an engine, or with a smaller scratch."""
+    from types import SimpleNamespace
+
+    from ssv.engine.generate import prefill_of
+
+    def runner(dev, scratch):
+        return SimpleNamespace(device=torch.device(dev), cache=SimpleNamespace(scratch=scratch), prefill="runner")
+    eng = SimpleNamespace(prefill="engine")
+    assert prefill_of(runner("cuda", PREFILL_CHUNK), eng) == "engine"
+    assert prefill_of(runner("cuda", PREFILL_CHUNK - 1), eng) == "runner"
+    assert prefill_of(runner("cuda", 256), None) == "runner"
+    assert prefill_of(runner("cpu", 256), eng) == "runner"
