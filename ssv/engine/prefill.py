@@ -1,7 +1,8 @@
 """The prompt's prefill on the device: fixed chunks of PREFILL_CHUNK rows, one graph replayed per
-chunk on CUDA. The host prefill (`Runner.prefill`) launches each chunk's ~300 kernels eagerly, so a
-3K-token prompt took ~2.2 s on an H100 (`bench/results/gpu-s32/cli-generate-h100`); a chunk is the
-verify pass of a 128-row chain, which the round's kernels already run from device lengths.
+chunk on CUDA. The host prefill (`Runner.prefill`) runs each chunk eagerly from host lengths: 2.2 s
+for a 3,106-token prompt on a warm H100, 44 s on a fresh one, where its kernels compiled anew as the
+length grew (`bench/results/gpu-s32/`). A chunk here is the verify pass of a 128-row chain, which the
+round's kernels already run from device lengths: 8-11x faster warm (`scripts/probe_prefill.py`).
 `DeviceEngine` mixes this in (`self.runner`, `self._pf`, `self._plan`, `self._run`, `self.kernels`)."""
 from __future__ import annotations
 
