@@ -126,8 +126,12 @@ def cmd_generate(args) -> int:
     if record is not None:
         _save_routing(args.record_routing, record, args)
     if args.json:
+        from ssv.bench.kernels import environment
+        # where it ran (device, versions, date, commit): a run's JSON is a record by itself
+        env = environment("cuda" if runner.device.type == "cuda" else "cpu")
         out = {"token_ids": res.token_ids, "text": text, "mode": args.mode, "attention": args.attention,
-               "stats": res.stats}
+               "model": args.model, "dtype": str(runner.cache.k.dtype).removeprefix("torch."), "stats": res.stats,
+               "env": env}
         from ssv.ops.linear.cpu import cpu_forms, uses_forms
         if uses_forms(runner.device, runner.cache.k.dtype):   # the forms round differently: a run's record
             out["cpu_gemm"] = list(cpu_forms())

@@ -269,7 +269,8 @@ def test_cli_error_then_success_in_one_process(capsys, tiny_ckpt, tmp_path):
     a = json.loads(succeeds(argv, capsys).out)
     fails(["generate", "--model", tiny_ckpt, "--prompt", "   "], capsys, "empty prompt")
     b = json.loads(succeeds(argv, capsys).out)
-    assert a == {**b, "stats": a["stats"]} and a["token_ids"] == b["token_ids"]
+    assert a == {**b, "stats": a["stats"], "env": a["env"]} and a["token_ids"] == b["token_ids"]
+    assert {"device", "torch", "date", "commit"} <= set(a["env"]) and a["dtype"] == "float32"
 
 
 # ============================================================================ happy paths (default model)
