@@ -230,6 +230,10 @@ def run_default(args, env: dict, save) -> list:
                             row.update(tokens_per_second=res.stats["tokens_per_second"],
                                        mean_accepted_length=res.stats["mean_accepted_length"],
                                        rounds=res.stats["rounds"], decode_seconds=res.stats["decode_seconds"],
+                                       # time to the first token: the prompt's prefill (graphed), then
+                                       # setup (warm: the graphs are already captured)
+                                       prefill_seconds=res.stats["prefill_seconds"],
+                                       setup_seconds=res.stats.get("setup_seconds"),
                                        round_ms=split, identical_to_ar=(diff is None) if params.greedy else None,
                                        first_diff=diff,
                                        token_ids=res.token_ids, ar_steps=res.stats.get("ar_steps", 0), **prof)

@@ -235,6 +235,15 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
     def launch_spec(self, opts, params=None) -> dict:
         """Launch one speculative round: draft, verify, accept (greedy, or lossless sampling with
         `params`), commit; `finish` gives the emitted tokens."""
+        self._check_round(opts)
+        self.catch_up()
+        phases, io = self._spec_phases(opts, params)
+        if _pkey(params) is not None:
+            torch.rand(io["coins"].shape, generator=self.gen, device=self.coin.device, out=io["coins"])
+        return self._record(phases, opts.max_depth + 2, "spec")
+
+    def _check_round(self, opts) -> None:
+        """What a speculative round of these options needs, refused before any launch or capture."""
         if self.drafter is None:
             raise ValueError("a speculative round needs a drafter")
         check_spec(opts.tree)
@@ -246,11 +255,6 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
                                  "a CUDA graph cannot hold: use spares=True, or graphs=False")
         if opts.max_depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.max_depth} exceeds the round record's {self.out.numel() - 2}")
-        self.catch_up()
-        phases, io = self._spec_phases(opts, params)
-        if _pkey(params) is not None:
-            torch.rand(io["coins"].shape, generator=self.gen, device=self.coin.device, out=io["coins"])
-        return self._record(phases, opts.max_depth + 2, "spec")
 
     @torch.no_grad()
     def prepare(self, opts=None, params=None, ar: bool = False, keep_taps: bool = False, top_k: int = 8,
@@ -262,11 +266,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         A bucket not prepared is still captured lazily at its first launch. force: warm up
         uncaptured on the CPU too (tests)."""
         if opts is not None:
-            if self.drafter is None:
-                raise ValueError("a speculative round needs a drafter")
-            check_spec(opts.tree)
-            if opts.lookup and not self._hist_ready:
-                raise ValueError("a context lookup needs the prompt's tokens: start(..., history=prompt)")
+            self._check_round(opts)
             self._prepare(self._spec_phases(opts, params)[0], force)
         if ar:
             if keep_taps:

@@ -108,3 +108,14 @@ def test_cuda_graphs_are_captured_before_the_decode_clock(params, monkeypatch):
     assert sorted(k for k, _ in where) == ["ar", "catch-up", "draft", "prefill"]
     assert all(i == (k != "prefill") for k, i in where)
     assert got.token_ids == ref.token_ids
+
+
+def test_prepare_refuses_what_a_round_refuses():
+    r, d, prompt, eng = _setup()
+    with pytest.raises(ValueError, match="prompt's tokens"):
+        eng.prepare(SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3), force=True)   # no start(history=)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        DeviceEngine(r).prepare(SpecOptions(tree=TreeSpec(3, 2, 8)), force=True)
+    with pytest.raises(ValueError, match="keep_taps needs a drafter"):
+        DeviceEngine(r).prepare(ar=True, keep_taps=True, force=True)
+    assert not eng._warm and not eng._io and eng.ring is None
