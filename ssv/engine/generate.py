@@ -66,8 +66,8 @@ def generate_ar(runner: Runner, prompt_ids: list, params: SamplingParams, max_ne
 
     margins: also record, for every generated token, the top-2 margin of the logits that picked it
     (stats["top2_margins"]): how close each greedy choice was to a tie (host steps only).
-    engine (ssv.engine.device_round.DeviceEngine over this runner): greedy steps run
-    device-resident (graphed on CUDA); sampling and margins keep the host step."""
+    engine (ssv.engine.device_round.DeviceEngine over this runner): the steps run device-resident
+    (graphed on CUDA), greedy or sampled; margins keep the host step."""
     check_budget(runner, len(prompt_ids), max_new_tokens)
     fast = engine is not None and not margins
     if fast and engine.runner is not runner:
