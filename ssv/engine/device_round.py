@@ -156,6 +156,21 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
 
+    def _ar_phases(self, params=None, keep_taps: bool = False):
+        return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))]
+
+    def _catch_up_phases(self):
+        return [(("catch-up",), self.ring.commit_body)]
+
+    def _ring(self, top_k: int) -> RowRing:
+        """The AR steps' drafter rows (a fall-back's), made at the first step that keeps them; top_k:
+        the tree's branching, for the catch-up's agreement count (fixed when the ring is made)."""
+        if self.drafter is None:
+            raise ValueError("keep_taps needs a drafter")
+        if self.ring is None:
+            self.ring = RowRing(self.runner, self.drafter, top_k)
+        return self.ring
+
     def _spec_phases(self, opts, params=None):
         key = (opts.key(), _pkey(params))
         io = self._io.setdefault(key, {})
@@ -216,16 +231,11 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         the step also keeps the drafter's row (a fall-back from speculation: `catch_up` commits the
         rows before the next round); top_k: the tree's branching, for the catch-up's agreement count
         (fixed when the ring is made)."""
-        if keep_taps:
-            if self.drafter is None:
-                raise ValueError("keep_taps needs a drafter")
-            if self.ring is None:
-                self.ring = RowRing(self.runner, self.drafter, top_k)
-            if self.ring.full:
-                self.catch_up()
+        if keep_taps and self._ring(top_k).full:
+            self.catch_up()
         if _pkey(params) is not None:
             torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
-        t = self._record([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))], 2, "ar")
+        t = self._record(self._ar_phases(params, keep_taps), 2, "ar")
         if keep_taps:
             self.ring.pending += 1     # counted at launch: the next launch's `full` must see this row
             t["ring"] = True
@@ -270,12 +280,9 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
             self._prepare(self._spec_phases(opts, params)[0], force)
         if ar:
             if keep_taps:
-                if self.drafter is None:
-                    raise ValueError("keep_taps needs a drafter")
-                if self.ring is None:
-                    self.ring = RowRing(self.runner, self.drafter, top_k)
-                self._prepare([(("catch-up",), self.ring.commit_body)], force)
-            self._prepare([(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))], force)
+                self._ring(top_k)
+                self._prepare(self._catch_up_phases(), force)
+            self._prepare(self._ar_phases(params, keep_taps), force)
 
     def finish(self, t: dict) -> list:
         """Wait for a launched step's record (its one device-to-host read); the host's lengths follow.
@@ -315,7 +322,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
         if self.ring is None or not self.ring.pending:
             return
-        self._run([(("catch-up",), self.ring.commit_body)])
+        self._run(self._catch_up_phases())
         self.ring.committed()
 
     def take_agreement(self):

@@ -26,8 +26,7 @@ class PhaseGraphs:
 
     def _run(self, phases) -> None:
         """Run a round's phases [(key, body)]: their graphs replayed (captured on first use), or eagerly."""
-        if self.graphs and phases[0][0] not in self._eager and phases[0][0] not in self._graphs:
-            self._capture(phases)
+        self._ensure_captured(phases)
         graphed = self.graphs and phases[0][0] in self._graphs
         ev = []
         for key, body in phases:
@@ -50,7 +49,7 @@ class PhaseGraphs:
         # warm-up runs under the host-sync guard: an op a graph cannot hold is found at the op,
         # before a capture starts (inside one it would only show as an invalidated capture at its
         # end, with the graph pool left half-captured)
-        saved, restore = self._saved()
+        restore = self._saved()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         stage = "warm-up"
@@ -84,13 +83,18 @@ class PhaseGraphs:
         self._graphs.update(graphs)
 
     def _saved(self):
-        """A copy of the round's state and a function that puts it back."""
+        """A copy of the round's state, and the function that puts it back."""
         saved = [t.clone() for t in self._state()]
 
         def restore():
             for t, s in zip(self._state(), saved):
                 t.copy_(s)
-        return saved, restore
+        return restore
+
+    def _ensure_captured(self, phases) -> None:
+        """Capture the phases' graphs unless they are captured, or failed to be (graphs on)."""
+        if self.graphs and phases[0][0] not in self._eager and phases[0][0] not in self._graphs:
+            self._capture(phases)
 
     def _prepare(self, phases, force: bool = False) -> None:
         """Before a decode clock starts: capture the phases' graphs (graphs on), or run them once on a
@@ -98,12 +102,10 @@ class PhaseGraphs:
         the CPU tests use to check that a warm-up leaves the state as found)."""
         key = phases[0][0]
         if self.graphs:
-            if key not in self._graphs and key not in self._eager:
-                self._capture(phases)
-            return
+            return self._ensure_captured(phases)
         if key in self._warm or not (force or torch.device(self.runner.device).type == "cuda"):
             return
-        _, restore = self._saved()
+        restore = self._saved()
         for _, body in phases:
             body()
         restore()

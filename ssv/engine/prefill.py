@@ -30,11 +30,7 @@ class DevicePrefill:
         replayed per chunk on CUDA (the host prefill launches a step's kernels eagerly per chunk),
         the last chunk padded. Returns the last position's logits [V] and the taps per chunk."""
         r, C = self.runner, PREFILL_CHUNK
-        if len(ids) == 0:
-            raise ValueError("empty prompt: give at least one token")
-        if r.length + len(ids) > r.context_limit:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
-                             f"{r.context_limit} tokens ({r.length} already used)")
+        r.check_prompt(ids)
         if r.cache.scratch < C:
             raise ValueError(f"a device prefill needs {C} scratch slots, the cache has {r.cache.scratch}")
         dev = r.device

@@ -82,11 +82,7 @@ class Runner:
     @torch.no_grad()
     def prefill(self, ids: list[int], chunk: Optional[int] = None, progress: bool = False, taps=()):
         """Commit the prompt chunk by chunk; returns the last position's logits [V] (and taps per chunk)."""
-        if len(ids) == 0:
-            raise ValueError("empty prompt: give at least one token")
-        if self.length + len(ids) > self.context_limit:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
-                             f"{self.context_limit} tokens ({self.length} already used)")
+        self.check_prompt(ids)
         from tqdm import tqdm
         chunk = chunk or (128 if self.uses_kernels else 256)  # the kernels take at most 128 new tokens
         bar = tqdm(total=len(ids), desc="prefill", unit="tok", disable=not progress, leave=False)
@@ -100,6 +96,14 @@ class Runner:
             bar.update(part.numel())
         bar.close()
         return logits[-1], tapped
+
+    def check_prompt(self, ids) -> None:
+        """A prompt to prefill (here, or `DeviceEngine.prefill`): not empty, within the context."""
+        if len(ids) == 0:
+            raise ValueError("empty prompt: give at least one token")
+        if self.length + len(ids) > self.context_limit:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
+                             f"{self.context_limit} tokens ({self.length} already used)")
 
     def reset(self) -> None:
         self.cache.reset()
