@@ -41,8 +41,8 @@ class Override:
         return launch
 
 
-def variant(score=None, topk=None, topk_elems=None, slot_tile=None):
-    for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_imp_fwd_kernel", None),
+def variant(score=None, topk=None, topk_elems=None, slot_tile=None, imp=None):
+    for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_imp_fwd_kernel", imp),
                     ("nsa_route_topk_fwd_kernel", topk), ("nsa_route_merge_topk_fwd_kernel", topk),
                     ("nsa_route_fused_fwd_kernel", None)):
         setattr(route, name, Override(name, **(o or {})))
@@ -53,28 +53,33 @@ def variant(score=None, topk=None, topk_elems=None, slot_tile=None):
 LONG = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 65536, 48), ("llama3.1-8b", 16384, 64),
         ("smollm2-135m", 8192, 48)]
 VARIANTS = [("policy", {}, {})] + [(f"topk {w} warps", {}, dict(topk=dict(num_warps=w))) for w in (1, 2, 4, 8)] + [
-    (f"split{ns}", dict(n_split=ns), {}) for ns in (4, 16)] + [("score 8 warps", {}, dict(score=dict(num_warps=8)))]
+    (f"split{ns}", dict(n_split=ns), {}) for ns in (4, 16, 32, 64)] + [
+    ("score 8 warps", {}, dict(score=dict(num_warps=8))), ("imp 8 warps", {}, dict(imp=dict(num_warps=8))),
+    ("score+imp 3 stages", {}, dict(score=dict(num_stages=3), imp=dict(num_stages=3))),
+    ("split32 score+imp 3 stages", dict(n_split=32), dict(score=dict(num_stages=3), imp=dict(num_stages=3))),
+    ("split64 rows 32", dict(n_split=64, max_rows=32), {}), ("split32 rows 128", dict(n_split=32, max_rows=128), {}),
+    ("two sweeps", dict(one_sweep=False), {}), ("two sweeps split32", dict(one_sweep=False, n_split=32), {})]
 SHORT = [("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48), ("smollm2-135m", 4096, 48),
          ("smollm2-135m", 1024, 1), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 4096, 64)]
 FORMS = [("fused", dict(fused=True), {}), ("split", dict(fused=False), {}),
          ("split sb64", dict(fused=False), dict(slot_tile=64)), ("split sb32", dict(fused=False), dict(slot_tile=32))]
 
 
-def ncu_run():
-    """Three eager policy calls at the first case, for `ncu --kernel-name regex:nsa_route`."""
+def ncu_run(i=0):
+    """Three eager policy calls at LONG[i], for `ncu --kernel-name regex:nsa_route`."""
     gen = torch.Generator().manual_seed(0)
-    q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp, plen = pr.case(*LONG[0], gen)
+    q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp, plen = pr.case(*LONG[i], gen)
     for _ in range(3):
         route.nsa_route(q, kc, vc, nb, k, k, w, s0, npath, pos, cfg, max_pos=mp)
     torch.cuda.synchronize()
 
 
-def main(out):
+def main(out, long_only=False):
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=os.environ.get("SSV_COMMIT", "?"))
     rows = []
-    for (shape, T, N), variants in [(c, VARIANTS) for c in LONG] + [(c, FORMS) for c in SHORT]:
+    for (shape, T, N), variants in [(c, VARIANTS) for c in LONG] + [(c, FORMS) for c in ([] if long_only else SHORT)]:
         q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp, plen = pr.case(shape, T, N, gen)
         ref = None
         for name, kw, opts in variants:
@@ -101,6 +106,8 @@ def main(out):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--ncu", action="store_true", help="only three eager calls of the first case")
+    ap.add_argument("--ncu", action="store_true", help="only three eager calls of a long case")
+    ap.add_argument("--case", type=int, default=0, help="with --ncu: which LONG case")
+    ap.add_argument("--long-only", action="store_true", help="the long cases' variants only")
     a = ap.parse_args()
-    ncu_run() if a.ncu else main(a.out)
+    ncu_run(a.case) if a.ncu else main(a.out, a.long_only)
