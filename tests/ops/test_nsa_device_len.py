@@ -35,9 +35,8 @@ def _case(seed, P, N, hkv, G, D, dtype, extra=40):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("form", ["split", "fused", "resident"])
-def test_device_length_route_and_verify_match_reference(case, form):
-    fused, resident = form != "split", form == "resident"
+@pytest.mark.parametrize("fused", [False, True])
+def test_device_length_route_and_verify_match_reference(case, fused):
     seed, P, N, hkv, G, D, C, over = case
     cfg = NSAConfig(**{**CFG, **over})
     dtype = DTYPES[0]
@@ -61,17 +60,16 @@ def test_device_length_route_and_verify_match_reference(case, form):
         assert rel_err(kp[i, :, :m], hkp[i, :, :m]) < 1e-5 if m else True
     nbpre = torch.tensor([nb], dtype=torch.int32, device=DEV)
     idx, _, lse, _ = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV), v.to(DEV),
-                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused,
-                               resident=resident)
+                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused)
     assert torch.equal(idx.cpu().long(), ref.block_indices)
     o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, cfg.slc_block,
                              cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
     assert rel_err(o, ref.o) < tol(dtype)
 
 
-@pytest.mark.parametrize("form", ["split", "fused", "resident"])
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("want_o", [False, True])
-def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(form, want_o):
+def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(fused, want_o):
     """The device plan's path weights span l + N slots from s0, past the step's last one while P - s0 < l:
     NaN there (and in the step's slots no query's path holds) leaves the routing's output unchanged."""
     seed, P, N, hkv, G, D = 5, 150, 7, 2, 3, 16
@@ -93,8 +91,7 @@ def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(form, want_o):
             sl = int(s0) + torch.nonzero(unused[: P + N - int(s0)]).flatten()
             kk[:, sl], vv[:, sl] = float("nan"), float("nan")
         outs.append(nsa_route(q.to(DEV), kc.to(DEV), vc.to(DEV), nbpre, kk.to(DEV), vv.to(DEV), w, s0, npath,
-                              pos.to(DEV), cfg, want_o=want_o, max_pos=k.shape[1] - 1,
-                              fused=form != "split", resident=form == "resident"))
+                              pos.to(DEV), cfg, want_o=want_o, max_pos=k.shape[1] - 1, fused=fused))
     for a, b in zip(*outs):
         if a is not None:
             assert not b.float().isnan().any() and torch.equal(a, b)

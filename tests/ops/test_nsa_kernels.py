@@ -277,17 +277,17 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (7, 1100, 5, 1, 2, 16, 2, {}),   # 5 tiles of 64 compression blocks over 2 splits: several tile maxima a program
 ])
 @pytest.mark.parametrize("form", ["split", "split, bisection", "split, two sweeps", "split, two sweeps, bisection",
-                                  "fused", "fused, resident"])
+                                  "fused"])
 def test_route_matches_reference(case, dtype, form, monkeypatch):
     """Every launch form: the split ones (KV splits, then a merging top-n launch, or an importance
-    sweep and a top-n launch) and the fused one (tiles swept twice, or one resident tile); the top-n
-    of short rows (bitonic) and of long ones (bisection)."""
+    sweep and a top-n launch) and the fused one; the top-n of short rows (bitonic) and of long
+    ones (bisection)."""
     import ssv.ops.nsa.route_policy as policy
     if "bisection" in form:
         monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)
     if "two sweeps" in form:
         monkeypatch.setattr(policy, "ONE_SWEEP_MAX_BLOCKS", 0)
-    fused = form.startswith("fused")
+    fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
     cfg = NSAConfig(**{**CFG, **over})
     q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, G, D, dtype, cfg)
@@ -300,7 +300,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
     idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV),
                                      v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                     n_split=split, fused=fused, resident="resident" in form)
+                                     n_split=split, fused=fused)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)
@@ -325,10 +325,10 @@ def test_route_without_path_blocks_matches_reference():
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
     nb = num_cmp_blocks(P, cfg)
     kc, vc = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
-    for fused, resident in ((False, False), (True, False), (True, True)):
+    for fused in (False, True):
         idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(DTYPES[0]).to(DEV), vc.to(DTYPES[0]).to(DEV), nb, k.to(DEV),
                                          v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                         fused=fused, resident=resident)
+                                         fused=fused)
         assert torch.equal(idx.cpu().long(), select_blocks(imp.cpu(), pos, cfg))
         assert_lse(lse.cpu(), ref.lse_cmp, 50 * tol(DTYPES[0]))
         assert rel_err(o_cmp, ref.o_cmp) < tol(DTYPES[0])

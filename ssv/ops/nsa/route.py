@@ -38,7 +38,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None,
-              one_sweep: Optional[bool] = None, resident: Optional[bool] = None):
+              one_sweep: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -48,7 +48,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
-    fused / resident / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    fused / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
@@ -72,8 +72,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep,
-                    resident)
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep)
     r, a, sb = lp.r, lp.a, lp.sb
     nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
@@ -99,7 +98,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
             q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
-            RESIDENT=lp.resident, **pk, num_warps=4)
+            **pk, num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
     nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
     m_part = torch.empty(nst, n, hq, **f32)

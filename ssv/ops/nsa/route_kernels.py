@@ -143,35 +143,26 @@ def _query_cols(i_g, N, CR: tl.constexpr):
 
 
 @triton.jit
-def _imp_store(b_p, own, tail, o_qc, m_c, j0, j_hi, s_in, R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr,
-               CR: tl.constexpr, GP: tl.constexpr):
-    # a tile's probabilities b_p [BM, BC] (the selection blocks from j0 on): a query's summed over its
-    # heads (a reshape), then over each block's own R compression blocks ("own") and over its last
-    # A - 1 ("tail", which block j + 1 also overlaps): imp[j] = own[j] + tail[j - 1], added by the
-    # top-n; no block written twice
-    JB: tl.constexpr = BC // R
-    o_u = tl.arange(0, R)
-    b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CR, GP, BC]), 1), [CR, JB, R])            # [CR, JB, R]
-    o_j = j0 + tl.arange(0, JB)
-    p_o = o_qc[:, None] * s_in + o_j[None, :]
-    m_o = m_c[:, None] & (o_j < j_hi)[None, :]
-    tl.store(own + p_o, tl.sum(b_ps, 2), mask=m_o)
-    if A > 1:
-        tl.store(tail + p_o, tl.sum(tl.where((o_u >= R - A + 1)[None, None, :], b_ps, 0.0), 2), mask=m_o)
-
-
-@triton.jit
 def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
                R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr):
     # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
-    # selection blocks (a second sweep of the keys, the log-sum-exp known)
+    # selection blocks: a query's probabilities summed over its heads (a reshape), then over each
+    # block's own R compression blocks ("own") and over its last A - 1 ("tail", which block j + 1
+    # also overlaps): imp[j] = own[j] + tail[j - 1], added by the top-n; no block written twice
     JB: tl.constexpr = BC // R
+    o_u = tl.arange(0, R)
     for j0 in range(j_lo, j_hi, JB):
         o_i = j0 * R + tl.arange(0, BC)
         m_i = o_i < NBPRE
         b_s, _ = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
         b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)  # [BM, BC]
-        _imp_store(b_p, own, tail, o_qc, m_c, j0, j_hi, s_in, R, A, BC, CR, GP)
+        b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CR, GP, BC]), 1), [CR, JB, R])            # [CR, JB, R]
+        o_j = j0 + tl.arange(0, JB)
+        p_o = o_qc[:, None] * s_in + o_j[None, :]
+        m_o = m_c[:, None] & (o_j < j_hi)[None, :]
+        tl.store(own + p_o, tl.sum(b_ps, 2), mask=m_o)
+        if A > 1:
+            tl.store(tail + p_o, tl.sum(tl.where((o_u >= R - A + 1)[None, None, :], b_ps, 0.0), 2), mask=m_o)
 
 
 @triton.jit
@@ -287,13 +278,11 @@ def nsa_route_fused_fwd_kernel(
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
-    SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr, RESIDENT: tl.constexpr = False,
+    SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
-    # the importance pass (its tiles come back from L2) and the top-n of the program's queries.
-    # RESIDENT (BC covers every committed block): one tile, its scores kept in registers from the
-    # softmax to the importance, so the keys are read once
+    # the importance pass (its tiles come back from L2) and the top-n of the program's queries
     pdl_prologue(PDL)
     i_g, i_h = tl.program_id(0), tl.program_id(1)
     NBPRE = tl.load(nbpre)
@@ -302,33 +291,16 @@ def nsa_route_fused_fwd_kernel(
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
-    if RESIDENT:
-        o_i = tl.arange(0, BC)
-        m_i = o_i < NBPRE
-        b_s, p_k = _cmp_scores(b_q, kc + i_h * s_kh, o_i, m_i, o_d, s_kb)
-        b_s = tl.where(m_i[None, :], b_s, float("-inf"))                                  # [BM, BC]
-        b_m = tl.max(b_s, 1)
-        b_p = tl.exp2(b_s - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])
-        b_l = tl.sum(b_p, 1)
-        if WANT_O:
-            b_v = tl.load(vc + i_h * s_kh + p_k, mask=m_i[:, None], other=0.0)
-            b_a = tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
-    else:
-        b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
-                                   WANT_O)
+    b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
+                               WANT_O)
     b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
     m_b = _path_mask(npath, o_qi, m_r, 0, NBP, NBPP)
     b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb,
                               b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
-    if RESIDENT:
-        b_pf = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)
-        _imp_store(b_pf, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, 0, _num_own(NBPRE, NBS, R), s_in, R, A,
-                   BC, CR, GP)
-    else:
-        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
-                   _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
+               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
     _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, 0, NBP, s_un, s_uh, CR, GP, NBPP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
     for c in tl.static_range(0, CR, QC):

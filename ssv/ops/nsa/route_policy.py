@@ -29,9 +29,6 @@ TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
 # at 64K/64 (rows of 1,025 blocks) 49.1 -> 48.6 but the graphed verify step 6.74 -> 6.95 ms, and at
 # 128K 85.4 -> 124.3 us: the per-head sums' traffic, N * Hq * NBs floats twice, grows past a sweep
 ONE_SWEEP_MAX_BLOCKS = 1024
-# the fused launch with every committed block in one tile (scores kept from the softmax to the
-# importance: one read of the keys, no tile loop) while a program's [rows, blocks] scores fit here
-RESIDENT_MAX_ELEMS = 8192
 SLOT_TILE = 128    # the step's slots per tile of the path blocks' scores (64, 32: within 2 us, route-v4)
 MAX_SELECTION_BLOCKS = 8192
 
@@ -52,7 +49,6 @@ class RouteLaunch:
     topk_warps: int
     sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
     one_sweep: bool     # split form: one sweep of the keys (score + merging top-n) or two (+ imp)
-    resident: bool      # fused form: every committed block in one tile (bc covers nb_cap)
     nselp: int
     sb: int        # slots per tile of the path blocks' scores
 
@@ -77,7 +73,7 @@ def path_window(nbpp: int, r: int, a: int) -> int:
 
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
                n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0,
-               one_sweep: Optional[bool] = None, resident: Optional[bool] = None) -> RouteLaunch:
+               one_sweep: Optional[bool] = None) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
     lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
     blocks average."""
@@ -86,8 +82,6 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     r, a = check_blocks(cfg)
     g = hq // hkv
     gp = pow2(g, 1)
-    if resident:
-        fused = True
     fused = nb_cap <= FUSED_MAX_BLOCKS and n * gp <= FUSED_MAX_ROWS if fused is None else fused
     if fused:
         max_rows = min(max_rows, FUSED_MAX_ROWS)
@@ -112,12 +106,5 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
     one = not fused and (bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep)
-    bcr = pow2(max(nb_cap, 1), bc)
-    if resident is None:
-        resident = fused and False
-    if resident:
-        if bm * bcr > RESIDENT_MAX_ELEMS:
-            raise ValueError(f"resident routing: {bm} rows x {bcr} compression blocks exceed {RESIDENT_MAX_ELEMS}")
-        bc = bcr
-    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one, bool(resident),
+    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
                        pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)))
