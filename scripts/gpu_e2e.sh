@@ -40,6 +40,18 @@ case "${1:?call number}" in
         --contexts ${CONTEXTS:-4096 1024 8192 2048} --families ${FAMILIES:-code prose chat} --docs 1 \
         --new-tokens ${NEW_TOKENS:-128} --out "$OUTD" "${@:2}" 2>&1 | tail -60
     ;;
+ab)  # e2e at HEAD beside a base package, back to back on one machine (base first), one JSON each in
+    # $OUT/ab-base, $OUT/ab-head; here: git archive BASE ssv | tar -x -C .stage/base --exclude=ssv/data
+    # (the head's ssv/data is linked in), carry .stage/base too; BASE_COMMIT / SSV_COMMIT name them
+    bash scripts/train_draft_gpu.sh assemble
+    ln -sfn "$PWD/ssv/data" .stage/base/ssv/data
+    for who in base head; do
+        pp=$PWD; c=${SSV_COMMIT:-?}; [ $who = base ] && { pp=$PWD/.stage/base; c=${BASE_COMMIT:-base}; }
+        PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${AB_TIMEOUT:-280} python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf \
+            --prompts .stage/e2e-prompts.json --contexts ${CONTEXTS:-4096} --families ${FAMILIES:-code prose chat} --docs 1 \
+            --new-tokens ${NEW_TOKENS:-128} --out "$OUTD/ab-$who" "${@:2}" 2>&1 | tail -16
+    done
+    ;;
 spec)  # `ssv bench spec` on the graphed CUDA round in place of (or after) call 3: MAL by family and
       # depth; arguments after `spec` go to it (e.g. --lookup 8 --modes "ssv strict" "ssv strict lookup 8")
     bash scripts/train_draft_gpu.sh assemble

@@ -60,7 +60,8 @@ VARIANTS = [("policy", {}, {})] + [(f"topk {w} warps", {}, dict(topk=dict(num_wa
     ("split64 rows 32", dict(n_split=64, max_rows=32), {}), ("split32 rows 128", dict(n_split=32, max_rows=128), {}),
     ("two sweeps", dict(one_sweep=False), {}), ("two sweeps split32", dict(one_sweep=False, n_split=32), {})]
 SHORT = [("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48), ("smollm2-135m", 4096, 48),
-         ("smollm2-135m", 1024, 1), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 4096, 64)]
+         ("smollm2-135m", 1024, 1), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 4096, 64),
+         ("smollm2-135m", 4096, 16), ("smollm2-135m", 8192, 48), ("smollm2-135m", 8192, 1), ("llama3.1-8b", 8192, 64)]
 FORMS = [("fused", dict(fused=True), {}), ("split", dict(fused=False), {}),
          ("split sb64", dict(fused=False), dict(slot_tile=64)), ("split sb32", dict(fused=False), dict(slot_tile=32))]
 
