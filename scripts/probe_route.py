@@ -90,6 +90,8 @@ def main(out, against=None):
         forms = [("policy", {}), ("split" if fused else "fused", dict(fused=not fused))]
         if hasattr(lp, "one_sweep"):   # packages from routing v5 on: the other split form too
             forms.append(("two sweeps" if one else "one sweep", dict(fused=False, one_sweep=not one)))
+        if "tma" in inspect.signature(route.nsa_route).parameters:   # key tiles through pointers, not descriptors
+            forms.append(("pointers", dict(tma=False)))
         for name, kw in forms:
             key = f"{shape} {T} {N} {name}"
             try:

@@ -36,18 +36,20 @@ def _case(seed, P, N, hkv, G, D, dtype, extra=40):
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("fused", [False, True])
-def test_device_length_route_and_verify_match_reference(case, fused):
+@pytest.mark.parametrize("tma", [False, True])
+def test_device_length_route_and_verify_match_reference(case, fused, tma):
     seed, P, N, hkv, G, D, C, over = case
     cfg = NSAConfig(**{**CFG, **over})
     dtype = DTYPES[0]
     q, k, v, pos, mask = _case(seed, P, N, hkv, G, D, dtype)
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
     plen = torch.tensor([P], dtype=torch.int32, device=DEV)
-    # capacity blocks: the committed ones, then finite garbage the kernels must not read
+    # capacity blocks: the committed ones, then NaN, which the pointer loads never read and the
+    # descriptors' tiles (tma) read and mask
     cap = num_cmp_blocks(k.shape[1], cfg)
     nb = num_cmp_blocks(P, cfg)
-    kc = torch.randn(hkv, cap, D) * 1e3
-    vc = torch.randn(hkv, cap, D) * 1e3
+    kc = torch.full((hkv, cap, D), float("nan"))
+    vc = torch.full((hkv, cap, D), float("nan"))
     kc[:, :nb], vc[:, :nb] = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
     w, s0, npath = path_block_weights_device(plen, pos.to(DEV), mask.to(DEV), cfg)
     hw, hs0, hnpath = path_block_weights(P, pos, mask, cfg)
@@ -59,9 +61,12 @@ def test_device_length_route_and_verify_match_reference(case, fused):
         m = int(hnpath[i])
         assert rel_err(kp[i, :, :m], hkp[i, :, :m]) < 1e-5 if m else True
     nbpre = torch.tensor([nb], dtype=torch.int32, device=DEV)
-    idx, _, lse, _ = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV), v.to(DEV),
-                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused)
+    idx, _, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV), v.to(DEV),
+                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused, tma=tma,
+                               want_o=True)
     assert torch.equal(idx.cpu().long(), ref.block_indices)
+    assert not lse.isnan().any() and not o_cmp.isnan().any()
+    assert rel_err(o_cmp.cpu(), ref.o_cmp) < tol(dtype)
     o, lse_a, _ = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), plen, pos.to(DEV), mask.to(DEV), idx, cfg.slc_block,
                              cfg.window, group_size=C, out=torch.full_like(q, float("nan")).to(DEV))
     assert rel_err(o, ref.o) < tol(dtype)

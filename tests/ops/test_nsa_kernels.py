@@ -289,6 +289,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
         monkeypatch.setattr(policy, "ONE_SWEEP_MAX_BLOCKS", 0)
     fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
+    tma = (seed + len(form)) % 2 == 0   # the tiles through descriptors or pointers, each form both ways
     cfg = NSAConfig(**{**CFG, **over})
     q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, G, D, dtype, cfg)
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
@@ -300,7 +301,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
     idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV),
                                      v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                     n_split=split, fused=fused)
+                                     n_split=split, fused=fused, tma=tma)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)

@@ -38,7 +38,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None,
-              one_sweep: Optional[bool] = None):
+              one_sweep: Optional[bool] = None, tma: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -49,6 +49,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
     fused / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    tma: the compressed key / value tiles through tensor descriptors (default: on Hopper or newer,
+    where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the interpreter).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
@@ -85,7 +87,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
-    rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp)
+    kd, vd, tma = _cmp_descriptors(k_cmp, v_cmp, lp.bc, tma)
+    rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp, TMA=tma)
     top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
                FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NW=path_window(nbpp, r, a))
     cache = (k, v, wc, s0_t, npath, nbpre_t)
@@ -96,7 +99,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     pk = pdl_args(q.device)   # programmatic dependent launch on Hopper (ssv/ops/pdl.py)
     if lp.fused:
         nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
-            q, k_cmp, v_cmp, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
+            q, k_cmp, v_cmp, kd, vd, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
             float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
             **pk, num_warps=4)
         return idx, imp, lse, (o_cmp if want_o else None)
@@ -108,11 +111,11 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     grid = (lp.n_groups, hkv, nst)
     if not lp.one_sweep:
         nsa_route_score_fwd_kernel[grid](
-            q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, imp, tail, lse, n, nbp, lp.n_split, nbs, n_slots,
+            q, k_cmp, v_cmp, kd, vd, *cache, sp, m_part, l_part, a_part, imp, tail, lse, n, nbp, lp.n_split, nbs, n_slots,
             k.shape[1], float(scale), *kst, *pst, hq, 0, 0, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=False,
             **pk, num_warps=4)
         nsa_route_imp_fwd_kernel[grid](
-            q, k_cmp, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
+            q, k_cmp, kd, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
             float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), **pk,
             num_warps=4)
         nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
@@ -124,7 +127,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     mt = torch.empty(n, hq, -(-max(nbpre, 1) // lp.bc), **f32)
     hst = (own_h.stride(1), mt.stride(1))
     nsa_route_score_fwd_kernel[grid](
-        q, k_cmp, v_cmp, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
+        q, k_cmp, v_cmp, kd, vd, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
         k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True, **pk,
         num_warps=4)
     nsa_route_merge_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
@@ -132,6 +135,25 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
         R=r, A=a, **top, NBPP=nbpp, **pk, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
+
+
+def _cmp_descriptors(k_cmp: torch.Tensor, v_cmp: torch.Tensor, bc: int, tma: Optional[bool]):
+    """Tensor descriptors over the compressed blocks' whole capacity [Hkv, NB, D], a [1, bc, D] box,
+    or (k_cmp, v_cmp) unused in their place when the tiles go through pointers."""
+    def aligned(t):
+        return t.stride(2) == 1 and all(x % 16 == 0 for x in (t.data_ptr(), t.stride(0) * t.element_size(),
+                                                              t.stride(1) * t.element_size()))
+    ok = aligned(k_cmp) and aligned(v_cmp) and k_cmp.shape[2] * k_cmp.element_size() >= 16
+    if tma is None:
+        tma = k_cmp.is_cuda and torch.cuda.get_device_capability(k_cmp.device)[0] >= 9 and ok
+    if not tma:
+        return k_cmp, v_cmp, False
+    if not ok:
+        raise ValueError("nsa_route: tma=True needs 16-byte aligned k_cmp / v_cmp bases, row strides and rows")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    box = [1, bc, k_cmp.shape[2]]
+    return (TensorDescriptor(k_cmp, list(k_cmp.shape), list(k_cmp.stride()), box),
+            TensorDescriptor(v_cmp, list(v_cmp.shape), list(v_cmp.stride()), box), True)
 
 
 def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor, cfg: NSAConfig):

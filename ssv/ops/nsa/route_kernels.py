@@ -14,10 +14,28 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
-def _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb):
-    p_k = o_i.to(tl.int64)[:, None] * s_kb + o_d[None, :]
-    b_k = tl.load(kc + p_k, mask=m_i[:, None], other=0.0)                       # [BC, D]
-    return tl.dot(b_q, tl.trans(b_k), input_precision="ieee"), p_k               # [BM, BC]
+def _cmp_tile(kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    # compressed blocks [i0, i0 + BC) of KV head i_h: [BC, D]. TMA: one bulk copy through the
+    # descriptor over the cache's capacity (no per-element addresses; rows past it come back zero,
+    # rows in [i_hi, capacity) are stale and the callers mask their scores); else masked loads
+    # from kc, the head's base
+    if TMA:
+        b_k = kd.load([i_h, i0, 0]).reshape(BC, D)
+    else:
+        b_k = tl.load(kc + o_i.to(tl.int64)[:, None] * s_kb + o_d[None, :], mask=m_i[:, None], other=0.0)
+    return b_k
+
+
+@triton.jit
+def _cmp_scores(b_q, kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    b_k = _cmp_tile(kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA)
+    return tl.dot(b_q, tl.trans(b_k), input_precision="ieee")                    # [BM, BC]
+
+
+@triton.jit
+def _cmp_values(vc, vd, i_h, i0, o_i, m_i, o_d, s_kb, BC: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    # the tile's values, rows past the range zeroed (a stale row may hold anything; p is 0 there)
+    return tl.where(m_i[:, None], _cmp_tile(vc, vd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA), 0.0)
 
 
 @triton.jit
@@ -73,12 +91,13 @@ def _num_own(NBPRE, NBS, R: tl.constexpr):
 
 
 @triton.jit
-def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constexpr, WANT_O: tl.constexpr):
+def _lse_range(b_q, kc, vc, kd, vd, i_h, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constexpr, D: tl.constexpr,
+               WANT_O: tl.constexpr, TMA: tl.constexpr):
     # online softmax (base 2) over committed compression blocks [i_lo, i_hi)
     for i0 in range(i_lo, i_hi, BC):
         o_i = i0 + tl.arange(0, BC)
         m_i = o_i < i_hi
-        b_s, p_k = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
+        b_s = _cmp_scores(b_q, kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA)
         b_s = tl.where(m_i[None, :], b_s, float("-inf"))
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
         b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
@@ -86,7 +105,7 @@ def _lse_range(b_q, kc, vc, i_lo, i_hi, o_d, s_kb, b_m, b_l, b_a, BC: tl.constex
         b_al = tl.exp2(b_m - b_ms)
         b_l = b_l * b_al + tl.sum(b_p, 1)
         if WANT_O:
-            b_v = tl.load(vc + p_k, mask=m_i[:, None], other=0.0)
+            b_v = _cmp_values(vc, vd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA)
             b_a = b_a * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
         b_m = b_mn
     return b_m, b_l, b_a
@@ -143,8 +162,9 @@ def _query_cols(i_g, N, CR: tl.constexpr):
 
 
 @triton.jit
-def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
-               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr):
+def _imp_range(b_q, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
+               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr,
+               D: tl.constexpr, TMA: tl.constexpr):
     # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
     # selection blocks: a query's probabilities summed over its heads (a reshape), then over each
     # block's own R compression blocks ("own") and over its last A - 1 ("tail", which block j + 1
@@ -154,7 +174,7 @@ def _imp_range(b_q, b_lsafe, kc, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBP
     for j0 in range(j_lo, j_hi, JB):
         o_i = j0 * R + tl.arange(0, BC)
         m_i = o_i < NBPRE
-        b_s, _ = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
+        b_s = _cmp_scores(b_q, kc, kd, i_h, j0 * R, o_i, m_i, o_d, s_kb, BC, D, TMA)
         b_p = tl.where(m_i[None, :] & m_r[:, None], tl.exp2(b_s - b_lsafe[:, None]), 0.0)  # [BM, BC]
         b_ps = tl.reshape(tl.sum(tl.reshape(b_p, [CR, GP, BC]), 1), [CR, JB, R])            # [CR, JB, R]
         o_j = j0 + tl.arange(0, JB)
@@ -271,14 +291,14 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
 
 @triton.jit
 def nsa_route_fused_fwd_kernel(
-    q, kc, vc, k, v, w, s0p, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
+    q, kc, vc, kd, vd, k, v, w, s0p, npath, nbpre, pos, own, tail, pp, idx, o_cmp, lse,
     N, NBP, NBS, S, L, scale,
     s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
     QC: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr,
     SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
-    SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr,
+    SB: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr, TMA: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # one launch, grid (query groups, Hkv), for contexts one program can sweep: the softmax pass,
@@ -291,16 +311,16 @@ def nsa_route_fused_fwd_kernel(
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
-    b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, 0, NBPRE, o_d, s_kb, b_m, b_l, b_a, BC,
-                               WANT_O)
+    b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, kd, vd, i_h, 0, NBPRE, o_d, s_kb, b_m, b_l,
+                               b_a, BC, D, WANT_O, TMA)
     b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb, BM, SB, NBPP)
     m_b = _path_mask(npath, o_qi, m_r, 0, NBP, NBPP)
     b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, 0, NBP, s_kt, s_wn, s_wb,
                               b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, True, D, WANT_O)
     o_qc, m_c = _query_cols(i_g, N, CR)
-    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
-               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+    _imp_range(b_q, b_lsafe, kc + i_h * s_kh, kd, i_h, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, 0,
+               _num_own(NBPRE, NBS, R), NBPRE, s_kb, s_in, R, A, BC, CR, GP, D, TMA)
     _imp_path(b_sp, m_b, b_lsafe, pp, o_qc, m_c, i_h, 0, NBP, s_un, s_uh, CR, GP, NBPP)
     tl.debug_barrier()   # the program's own importance stores, read back by other threads
     for c in tl.static_range(0, CR, QC):

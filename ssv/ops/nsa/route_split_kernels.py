@@ -8,15 +8,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssv.ops.nsa.route_kernels import (_cmp_scores, _finish_softmax, _imp_path, _imp_range, _load_q_rows,
+from ssv.ops.nsa.route_kernels import (_cmp_scores, _cmp_values, _finish_softmax, _imp_path, _imp_range, _load_q_rows,
                                        _lse_path, _lse_range, _num_own, _path_mask, _path_scores, _query_cols,
                                        _topk_rows)
 from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
-def _score_range(b_q, kc, vc, own, tail, mt, i_lo, i_hi, o_d, o_row, m_r, NJO, s_kb, s_on, s_mn, b_m, b_l, b_a,
-                 BM: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, A: tl.constexpr, WANT_O: tl.constexpr):
+def _score_range(b_q, kc, vc, kd, vd, i_h, own, tail, mt, i_lo, i_hi, o_d, o_row, m_r, NJO, s_kb, s_on, s_mn, b_m,
+                 b_l, b_a, BM: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, A: tl.constexpr,
+                 WANT_O: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
     # `_lse_range` over [i_lo, i_hi) in tiles aligned to selection blocks that also keeps, from the same
     # scores, each (query, head) row's own/tail sums per selection block relative to the tile's max,
     # with that max (mt): the importance needs no second sweep of the keys. The top-n launch scales
@@ -26,7 +27,7 @@ def _score_range(b_q, kc, vc, own, tail, mt, i_lo, i_hi, o_d, o_row, m_r, NJO, s
     for i0 in range(i_lo, i_hi, BC):
         o_i = i0 + tl.arange(0, BC)
         m_i = o_i < i_hi
-        b_s, p_k = _cmp_scores(b_q, kc, o_i, m_i, o_d, s_kb)
+        b_s = _cmp_scores(b_q, kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA)
         b_s = tl.where(m_i[None, :], b_s, float("-inf"))
         b_mt = tl.max(b_s, 1)
         b_mt = tl.where(b_mt == float("-inf"), 0.0, b_mt)
@@ -36,7 +37,7 @@ def _score_range(b_q, kc, vc, own, tail, mt, i_lo, i_hi, o_d, o_row, m_r, NJO, s
         b_bt = tl.exp2(b_mt - b_mn)
         b_l = b_l * b_al + tl.sum(b_p, 1) * b_bt
         if WANT_O:
-            b_v = tl.load(vc + p_k, mask=m_i[:, None], other=0.0)
+            b_v = _cmp_values(vc, vd, i_h, i0, o_i, m_i, o_d, s_kb, BC, D, TMA)
             b_a = b_a * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee") * b_bt[:, None]
         b_m = b_mn
         b_ps = tl.reshape(b_p, [BM, JB, R])                                             # [BM, JB, R]
@@ -75,12 +76,12 @@ def _merge_splits(m_in, l_in, a_in, o_row, m_r, N, HQ, NSPLIT, o_d, with_o, ROWS
 
 @triton.jit
 def nsa_route_score_fwd_kernel(
-    q, kc, vc, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out, own_h, tail_h, mt,
+    q, kc, vc, kd, vd, k, v, w, s0p, npath, nbpre, sp, m_out, l_out, a_out, own_h, tail_h, mt,
     N, NBP, NCS, NBS, S, L, scale,
     s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ, s_on, s_mn,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, SB: tl.constexpr,
-    NBPP: tl.constexpr, SUMS: tl.constexpr,
+    NBPP: tl.constexpr, SUMS: tl.constexpr, TMA: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # split launch 1, grid (query groups, Hkv, NCS + NBP): splits i_s < NCS take a range of the
@@ -99,13 +100,13 @@ def nsa_route_score_fwd_kernel(
         BPS = tl.cdiv(tl.cdiv(tl.maximum(NBPRE, 1), NCS), BC) * BC
         i_lo = i_s * BPS
         if SUMS:
-            b_m, b_l, b_a = _score_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, own_h, tail_h, mt, i_lo,
-                                         tl.minimum(i_lo + BPS, NBPRE), o_d, o_qi * HQ + o_hq, m_r,
+            b_m, b_l, b_a = _score_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, kd, vd, i_h, own_h, tail_h, mt,
+                                         i_lo, tl.minimum(i_lo + BPS, NBPRE), o_d, o_qi * HQ + o_hq, m_r,
                                          _num_own(NBPRE, NBS, R), s_kb, s_on, s_mn, b_m, b_l, b_a, BM, BC, R, A,
-                                         WANT_O)
+                                         WANT_O, D, TMA)
         else:
-            b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, i_lo, tl.minimum(i_lo + BPS, NBPRE),
-                                       o_d, s_kb, b_m, b_l, b_a, BC, WANT_O)
+            b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, kd, vd, i_h, i_lo,
+                                       tl.minimum(i_lo + BPS, NBPRE), o_d, s_kb, b_m, b_l, b_a, BC, D, WANT_O, TMA)
     else:
         b = i_s - NCS
         S0 = tl.load(s0p)
@@ -177,12 +178,12 @@ def nsa_route_merge_topk_fwd_kernel(
 
 @triton.jit
 def nsa_route_imp_fwd_kernel(
-    q, kc, npath, nbpre, sp, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
+    q, kc, kd, npath, nbpre, sp, m_in, l_in, a_in, own, tail, pp, o_cmp, lse,
     N, NBS, NCS, scale,
     s_qn, s_qh, s_kh, s_kb, HQ, s_in, s_ih, s_un, s_uh,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, NBPP: tl.constexpr,
-    NSP: tl.constexpr,
+    NSP: tl.constexpr, TMA: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # two-sweep launch 2, the score launch's grid: the final log-sum-exp from all its states, then the
@@ -201,8 +202,8 @@ def nsa_route_imp_fwd_kernel(
         JB: tl.constexpr = BC // R
         JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NCS), JB) * JB
         j_lo = i_s * JPS
-        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo,
-                   tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP)
+        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, kd, i_h, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r,
+                   o_d, j_lo, tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP, D, TMA)
     else:
         b = i_s - NCS
         o_b = tl.arange(0, NBPP)
