@@ -20,8 +20,7 @@ from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
 from ssv.engine.prefill import PREFILL_CHUNK, DevicePrefill  # noqa: F401 -- PREFILL_CHUNK: the engine's API
 from ssv.spec.accept import probs_unchecked
-from ssv.ops.accept.naive import round_record_naive
-from ssv.spec.device import accept_greedy_round, accept_sample_device, check_spec, grow_flat, sample_device
+from ssv.spec.device import accept_greedy_round, accept_sample_round, check_spec, grow_flat, sample_device
 from ssv.spec.lookup import grow_with_chain
 
 
@@ -145,11 +144,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
             path, rows = accept_greedy_round(flat, io["logits"], D, n, nxt, self.tok)
         else:
             _, k = _sample_bounds(opts)
-            path, length, bonus = accept_sample_device(flat, io["logits"], params, io["coins"], D, k)
-            rows, toks = round_record_naive(flat.tokens, path, length, bonus)
-            n.copy_(length)
-            nxt.copy_(toks)
-            self.tok.copy_(bonus)
+            path, rows = accept_sample_round(flat, io["logits"], params, io["coins"], D, k, n, nxt, self.tok)
         cache.commit_device(path, n, kernel=self.kernels)
         # past the accepted count the writes land beyond the text's end: never read
         self.hist.index_copy_(0, after.clamp(max=self.hist.numel() - 1), nxt)

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ssv.ops.accept.naive import accept_greedy_round_naive, accept_greedy_walk_naive
+from ssv.ops.accept.naive import accept_greedy_round_naive, accept_greedy_walk_naive, round_record_naive
 from ssv.spec.accept import probs_unchecked
 from ssv.spec.tree import ORDERS, TreeSpec, top_k_stable
 
@@ -321,6 +321,25 @@ def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: 
     removed = torch.zeros(V + 1, dtype=torch.bool, device=dev).index_fill_(0, torch.where(valid[stop][0], xs, V), True)
     p = torch.where(removed[:V], 0.0, probs[stop][0])
     return path, length, sample_device(p, coins[stop, -1])
+
+
+def accept_sample_round(tree: DeviceTree, logits: torch.Tensor, params, coins: torch.Tensor, depth: int, top_k: int,
+                        length: torch.Tensor, nxt: torch.Tensor, bonus: torch.Tensor) -> tuple:
+    """`accept_sample_device` and the round's record (`round_record_naive`) written into the caller's
+    length [1], nxt [depth + 1] and bonus [1], as `accept_greedy_round`; on CUDA two launches after
+    the target's probabilities (`ssv.ops.accept`), where the tensor form is ~115 ops. Returns
+    (path, rows) [depth + 1] each."""
+    if logits.is_cuda:
+        from ssv.ops.accept.ops import MAX_T, accept_sample_round as walk   # lazily, as the top-k
+        if tree.n <= MAX_T:
+            probs = probs_unchecked(logits, params).contiguous()
+            return walk(tree.parents, tree.tokens, tree.scores, probs, coins, depth, top_k, length, nxt, bonus)
+    path, n, b = accept_sample_device(tree, logits, params, coins, depth, top_k)
+    rows, after = round_record_naive(tree.tokens, path, n, b)
+    length.copy_(n)
+    nxt.copy_(after)
+    bonus.copy_(b)
+    return path, rows
 
 
 def sample_device(p: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,11 @@
-"""Launcher of the greedy tree walk (one launch where the tensor walk takes ~100)."""
+"""Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (two
+launches after the target's probabilities, where the tensor form takes ~115 with the record)."""
 from __future__ import annotations
 
 import torch
 import triton
 
-from ssv.ops.accept.kernels import accept_greedy_fwd_kernel
+from ssv.ops.accept.kernels import accept_greedy_fwd_kernel, accept_sample_fwd_kernel, row_mass_fwd_kernel
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
@@ -49,4 +50,35 @@ def accept_greedy_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
                                    BT=max(16, triton.next_power_of_2(t)), D=d,
                                    BD=max(16, triton.next_power_of_2(d + 1)), RECORD=True,
                                    **pdl_args(dev), num_warps=1)
+    return path, rows
+
+
+def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
+                        coins: torch.Tensor, max_depth: int, top_k: int, length: torch.Tensor, nxt: torch.Tensor,
+                        bonus: torch.Tensor):
+    """The sampled walk (`ssv.spec.device.accept_sample_device`: the same path and bonus for the same
+    coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
+    bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`); coins
+    [>= T, top_k + 1]. Returns (path, rows) [max_depth + 1] each."""
+    t, d = parents.numel(), max_depth
+    if not (tokens.numel() == scores.numel() == t) or not 0 < t <= MAX_T:
+        raise ValueError(f"accept_sample_round: parents, tokens, scores must be [T] with 0 < T <= {MAX_T}")
+    if probs.dim() != 2 or probs.shape[0] < t or probs.dtype != torch.float32 or probs.stride(1) != 1:
+        raise ValueError("accept_sample_round: probs must be fp32 [>= T, V] with a contiguous last dimension")
+    if coins.dim() != 2 or coins.shape[0] < t or coins.shape[1] != top_k + 1 or coins.stride(1) != 1:
+        raise ValueError(f"accept_sample_round: coins must be [>= T, {top_k + 1}] with a contiguous last dimension")
+    for name, x, n in (("length", length, 1), ("nxt", nxt, d + 1), ("bonus", bonus, 1)):
+        if x.dtype != torch.long or x.numel() != n or (n > 1 and x.stride(0) != 1):
+            raise ValueError(f"accept_sample_round: {name} must be a contiguous int64 [{n}]")
+    dev, v = parents.device, probs.shape[1]
+    pk = pdl_args(dev)
+    total = torch.empty(t, dtype=torch.float64, device=dev)
+    row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=1024, **pk, num_warps=4)
+    path = torch.empty(d + 1, dtype=torch.long, device=dev)
+    rows = torch.empty(d + 1, dtype=torch.long, device=dev)
+    accept_sample_fwd_kernel[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total,
+                                   coins, path, length, bonus, rows, nxt, v, probs.stride(0), coins.stride(0), T=t,
+                                   BT=max(16, triton.next_power_of_2(t)), D=d,
+                                   BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
+                                   BK=max(2, triton.next_power_of_2(top_k)), BV=1024, **pk, num_warps=4)
     return path, rows

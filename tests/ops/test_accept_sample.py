@@ -1,0 +1,109 @@
+"""The sampled tree-walk kernel (`ssv.ops.accept.accept_sample_round`) against its tensor twin
+(`accept_sample_device` + `round_record_naive`), interpreter on the CPU, compiled on a GPU: random
+trees with tied scores, siblings sharing tokens, tokens of zero probability, rows whose mass sits on
+one token, vocabularies across the kernel's 1,024-token chunks, NaN-free poisoned record buffers."""
+import pytest
+import torch
+
+from ssv.ops.accept.naive import round_record_naive
+from ssv.ops.accept.ops import accept_sample_round
+from ssv.spec.accept import SamplingParams, probs_unchecked
+from ssv.spec.device import DeviceTree, accept_sample_device
+
+from .test_nsa_kernels import DEV
+
+
+def _case(t, v, k, seed, peaked=False):
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((t,), -1, dtype=torch.long)
+    kids = torch.zeros(t, dtype=torch.long)
+    depth = torch.zeros(t, dtype=torch.long)
+    for u in range(1, t):   # at most k children a node, as a tree of top-k expansions
+        while True:
+            p = int(torch.randint(0, u, (1,), generator=g))
+            if kids[p] < k:
+                break
+        parents[u], depth[u] = p, depth[p] + 1
+        kids[p] += 1
+    tokens = torch.randint(0, min(v, 6), (t,), generator=g)   # few tokens: siblings share them
+    tokens[torch.rand(t, generator=g) < 0.3] = v - 1          # and the vocabulary's last chunk
+    scores = -torch.randint(0, 3, (t,), generator=g).float()  # ties between siblings
+    logits = torch.randn(t, v, generator=g) * 3
+    logits[:, 3] = float("-inf")                              # a token no row can sample
+    tokens[torch.rand(t, generator=g) < 0.1] = 3
+    if peaked:   # the mass on one token: the walk must take it whatever the coin
+        logits[:, :] = float("-inf")
+        logits[torch.arange(t), tokens[torch.randint(0, t, (t,), generator=g)]] = 0.0
+        logits[0, 0] = 0.0
+    coins = torch.rand(t + 3, k + 1, generator=g)             # a bucket's rows: more than the tree's
+    return DeviceTree(tokens, parents, scores, depth), logits, coins
+
+
+@pytest.mark.parametrize("t,v,k,d,seed", [(1, 37, 2, 3, 0), (9, 37, 3, 4, 1), (48, 1100, 9, 6, 2),
+                                          (48, 2050, 4, 8, 3), (130, 300, 5, 9, 4), (33, 1024, 2, 12, 5)])
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8)])
+def test_accept_sample_kernel_matches_twin(t, v, k, d, seed, temperature, top_p):
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    for i in range(4):
+        tree, logits, coins = _case(t, v, k, seed * 10 + i, peaked=i == 3)
+        tree = DeviceTree(*(x.to(DEV) for x in (tree.tokens, tree.parents, tree.scores, tree.depth)))
+        logits, coins = logits.to(DEV), coins.to(DEV)
+        want_path, want_n, want_b = accept_sample_device(tree, logits, params, coins, d, k)
+        want_rows, want_nxt = round_record_naive(tree.tokens, want_path, want_n, want_b)
+        rec = torch.full((d + 4,), -777, dtype=torch.long, device=DEV)   # a view into a larger record
+        bonus = torch.full((1,), -777, dtype=torch.long, device=DEV)
+        probs = probs_unchecked(logits, params).contiguous()
+        path, rows = accept_sample_round(tree.parents, tree.tokens, tree.scores, probs, coins, d, k, rec[0:1],
+                                         rec[1:d + 2], bonus)
+        assert torch.equal(path, want_path) and torch.equal(rows, want_rows)
+        assert torch.equal(rec[0:1], want_n) and torch.equal(rec[1:d + 2], want_nxt) and torch.equal(bonus, want_b)
+        assert (rec[d + 2:] == -777).all()
+        assert float(probs[int(path[int(want_n) - 1]), int(bonus)]) > 0 or i == 3
+
+
+@pytest.mark.parametrize("v", [5, 9])
+def test_accept_sample_kernel_matches_twin_on_small_vocabularies(v):
+    """Few tokens, so siblings often share one after a rejection (its second copy must never be
+    taken) and the bonus's removed tokens carry most of the mass."""
+    params = SamplingParams(temperature=1.0)
+    t, k, d = 40, 4, 6
+    for i in range(16):
+        tree, logits, coins = _case(t, v, k, 100 + i)
+        tree = DeviceTree(*(x.to(DEV) for x in (tree.tokens, tree.parents, tree.scores, tree.depth)))
+        logits, coins = logits.to(DEV), coins.to(DEV)
+        want = accept_sample_device(tree, logits, params, coins, d, k)
+        rec = torch.zeros(d + 2, dtype=torch.long, device=DEV)
+        bonus = torch.zeros(1, dtype=torch.long, device=DEV)
+        path, _ = accept_sample_round(tree.parents, tree.tokens, tree.scores,
+                                      probs_unchecked(logits, params).contiguous(), coins, d, k, rec[0:1], rec[1:],
+                                      bonus)
+        assert torch.equal(path, want[0]) and torch.equal(rec[0:1], want[1]) and torch.equal(bonus, want[2])
+
+
+def test_accept_sample_kernel_walks_past_the_first_level():
+    """A chain whose every token has all the mass: the whole chain is accepted (a twin that stopped
+    at the root would also agree with a kernel that stopped there)."""
+    t, v, k, d = 6, 50, 2, 5
+    parents = torch.arange(-1, t - 1)
+    tokens = torch.tensor([0, 7, 8, 9, 10, 11])
+    logits = torch.full((t, v), float("-inf"))
+    logits[torch.arange(t - 1), tokens[1:]] = 0.0
+    logits[t - 1, 12] = 0.0
+    tree = DeviceTree(*(x.to(DEV) for x in (tokens, parents, torch.zeros(t), torch.arange(t))))
+    rec = torch.zeros(d + 2, dtype=torch.long, device=DEV)
+    bonus = torch.zeros(1, dtype=torch.long, device=DEV)
+    probs = probs_unchecked(logits.to(DEV), SamplingParams(temperature=1.0)).contiguous()
+    path, _ = accept_sample_round(tree.parents, tree.tokens, tree.scores, probs, torch.rand(t, k + 1, device=DEV),
+                                  d, k, rec[0:1], rec[1:], bonus)
+    assert path.tolist() == list(range(t)) and int(rec[0]) == t and int(bonus) == 12
+
+
+def test_accept_sample_round_refuses_bad_shapes():
+    z = torch.zeros(5, dtype=torch.long, device=DEV)
+    probs = torch.rand(5, 10, device=DEV)
+    one = torch.zeros(1, dtype=torch.long, device=DEV)
+    with pytest.raises(ValueError, match="coins"):
+        accept_sample_round(z, z, z.float(), probs, torch.rand(5, 3, device=DEV), 3, 3, one, z[:4].clone(), one)
+    with pytest.raises(ValueError, match="probs"):
+        accept_sample_round(z, z, z.float(), probs.double(), torch.rand(5, 4, device=DEV), 3, 3, one,
+                            z[:4].clone(), one)
