@@ -43,13 +43,21 @@ case "${1:?call number}" in
 ab)  # e2e at HEAD beside a base package, back to back on one machine (base first), one JSON each in
     # $OUT/ab-base, $OUT/ab-head; here: git archive BASE ssv | tar -x -C .stage/base --exclude=ssv/data
     # (the head's ssv/data is linked in), carry .stage/base too; BASE_COMMIT / SSV_COMMIT name them
+    # each run from an empty directory: `python3 -m` puts the working directory first on sys.path, so
+    # from the repository's root the head's package would shadow the base's (session 33's first A/Bs
+    # ran the head twice)
     bash scripts/train_draft_gpu.sh assemble
     ln -sfn "$PWD/ssv/data" .stage/base/ssv/data
+    root=$PWD; outa=$(mkdir -p "$OUTD" && cd "$OUTD" && pwd)
     for who in base head; do
-        pp=$PWD; c=${SSV_COMMIT:-?}; [ $who = base ] && { pp=$PWD/.stage/base; c=${BASE_COMMIT:-base}; }
-        PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${AB_TIMEOUT:-280} python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf \
-            --prompts .stage/e2e-prompts.json --contexts ${CONTEXTS:-4096} --families ${FAMILIES:-code prose chat} --docs 1 \
-            --new-tokens ${NEW_TOKENS:-128} --out "$OUTD/ab-$who" "${@:2}" 2>&1 | tail -16
+        pp=$root; c=${SSV_COMMIT:-?}; [ $who = base ] && { pp=$root/.stage/base; c=${BASE_COMMIT:-base}; }
+        mkdir -p /tmp/ab-cwd-$who
+        (cd /tmp/ab-cwd-$who && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${AB_TIMEOUT:-280} python3 -c \
+            "import ssv, sys; print('package', ssv.__file__, file=sys.stderr)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${AB_TIMEOUT:-280} python3 -m ssv bench e2e \
+            --model /tmp/ssv-smollm2.gguf --prompts "$root/.stage/e2e-prompts.json" --contexts ${CONTEXTS:-4096} \
+            --families ${FAMILIES:-code prose chat} --docs 1 --new-tokens ${NEW_TOKENS:-128} --out "$outa/ab-$who" \
+            "${@:2}" 2>&1 | tail -16)
     done
     ;;
 spec)  # `ssv bench spec` on the graphed CUDA round in place of (or after) call 3: MAL by family and

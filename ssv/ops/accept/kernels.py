@@ -60,22 +60,29 @@ def row_mass_fwd_kernel(probs, total, V, s_p, BV: tl.constexpr, PDL: tl.constexp
 
 
 @triton.jit
-def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path, length, bonus, rows, nxt_tok,
-                             V, s_p, s_c, T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                             K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
-    # the lossless multi-candidate walk (`ssv.spec.device.accept_sample_device`) in one program: at
-    # node u its children in sibling order (max score, lower index), child j with token x accepted
-    # when coin[u, j] * R < q, q = p_u(x) (0 for a token an earlier sibling carried), R = p_u's mass
-    # minus the q before it; the last token with mass left always; on a rejection of every child the
-    # bonus by inverse CDF (coin[u, K]) over p_u with the tried tokens removed; then the round's
-    # record as `accept_greedy_fwd_kernel`'s
+def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path, length, rows, nxt_tok, stop,
+                             s_p, s_c, T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                             K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+    # the lossless multi-candidate walk (`ssv.spec.device.accept_sample_device`) in one warp: at node
+    # u its children in sibling order (max score, lower index), child c with token x accepted when
+    # coin[u, j] * R < q, q = p_u(x) (0 for a token an earlier sibling carried), R = p_u's mass minus
+    # the q before it; the last token with mass left always. Every load is hoisted before the walk
+    # (each node's q at its parent, the masses, the coins), so its D * K steps are register
+    # reductions, not dependent memory round trips. Writes the path, the record but the bonus, the
+    # stop node (stop[0]) and its bonus coin (stop[1], as float64 bits), and zeroes the stop node's
+    # tried tokens in its probability row for the bonus launches
     pdl_prologue(PDL)
     o_t = tl.arange(0, BT)
     m_t = o_t < T
     b_p = tl.load(parents + o_t, mask=m_t, other=-2)                 # [BT]
     b_k = tl.load(tokens + o_t, mask=m_t, other=-1)
     b_s = tl.load(scores + o_t, mask=m_t, other=float("-inf")).to(tl.float32)
+    m_c = m_t & (b_p >= 0)
+    b_q = tl.load(probs + tl.maximum(b_p, 0) * s_p + tl.maximum(b_k, 0), mask=m_c, other=0.0).to(tl.float64)
+    b_tot = tl.load(total + o_t, mask=m_t, other=0.0)
     o_j = tl.arange(0, BK)
+    b_coin = tl.load(coins + o_t[:, None].to(tl.int64) * s_c + o_j[None, :],
+                     mask=m_t[:, None] & (o_j <= K)[None, :], other=1.0).to(tl.float64)   # [BT, BK]
     cur = tl.zeros([], dtype=tl.int64)
     n = tl.full([], 1, dtype=tl.int64)
     alive = tl.full([], 1, dtype=tl.int1)
@@ -84,26 +91,28 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
     b_after = tl.zeros([BD], dtype=tl.int64)
     b_rm = tl.full([BK], -1, dtype=tl.int64)      # the stop node's children's tokens (tried, removed)
     for d in tl.static_range(1, D + 1):
-        p_u = probs + cur * s_p
-        tot = tl.load(total + cur)
+        at = o_t == cur
+        tot = tl.sum(tl.where(at, b_tot, 0.0), 0)
+        b_crow = tl.sum(tl.where(at[:, None], b_coin, 0.0), 0)                          # [BK]
         cum = tl.zeros([], dtype=tl.float64)
         took = tl.zeros([], dtype=tl.int1)
         nxt = tl.zeros([], dtype=tl.int64)
-        tried = (o_t < 0)                                            # [BT] children taken in order
-        b_tok = tl.full([BK], -1, dtype=tl.int64)                   # their tokens, in sibling order
+        tried = o_t < 0
+        b_tok = tl.full([BK], -1, dtype=tl.int64)                   # the tried tokens, in sibling order
         for j in tl.static_range(K):
             cand = (b_p == cur) & m_t & ~tried
             b_m = tl.max(tl.where(cand, b_s, float("-inf")), 0)
             c = tl.min(tl.where(cand & (b_s == b_m), o_t, BT), 0)
+            hit = o_t == c
             live = (c < BT) & alive & ~took
-            tried = tried | (o_t == c)
-            x = tl.sum(tl.where(o_t == c, b_k, 0), 0).to(tl.int64)
+            tried = tried | hit
+            x = tl.sum(tl.where(hit, b_k, 0), 0).to(tl.int64)
             dup = tl.sum(((b_tok == x) & (o_j < j)).to(tl.int32), 0) > 0
             b_tok = tl.where(o_j == j, tl.where(c < BT, x, -1), b_tok)
-            q = tl.load(p_u + x, mask=live & ~dup, other=0.0).to(tl.float64)
+            q = tl.where(live & ~dup, tl.sum(tl.where(hit, b_q, 0.0), 0), 0.0)
             cum += q
             r = tot - (cum - q)
-            coin = tl.load(coins + cur * s_c + j, mask=live, other=1.0).to(tl.float64)
+            coin = tl.sum(tl.where(o_j == j, b_crow, 0.0), 0)
             ok = live & ((coin * r < q) | ((q > 0) & (r - q <= 1e-12 * r)))
             nxt = tl.where(ok, c.to(tl.int64), nxt)
             took = took | ok
@@ -113,33 +122,48 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
         b_after = tl.where(o_d == d - 1, tl.where(took, nxt, 0), b_after)
         n += took.to(tl.int64)
         alive = alive & took
-    # the bonus: the first index whose CDF (fp64, removed tokens 0) exceeds coin x the total, never a
-    # zero-probability token (the last one with mass caps it); two passes over the stop node's row
-    p_u = probs + cur * s_p
-    b_acc = tl.zeros([BV], dtype=tl.float64)
-    b_last = tl.full([BV], -1, dtype=tl.int64)
-    for v0 in range(0, V, BV):
-        o_v = v0 + tl.arange(0, BV)
-        rm = tl.sum(((o_v[:, None].to(tl.int64) == b_rm[None, :]) & (b_rm >= 0)[None, :]).to(tl.int32), 1) > 0
-        b_pv = tl.where(rm, 0.0, tl.load(p_u + o_v, mask=o_v < V, other=0.0).to(tl.float64))
-        b_acc += b_pv
-        b_last = tl.maximum(b_last, tl.where(b_pv > 0, o_v.to(tl.int64), -1))
-    target = tl.load(coins + cur * s_c + K).to(tl.float64) * tl.sum(b_acc, 0)
-    last = tl.max(b_last, 0)
-    base = tl.zeros([], dtype=tl.float64)
-    first = tl.full([], 2147483647, dtype=tl.int64)
-    for v0 in range(0, V, BV):
-        o_v = v0 + tl.arange(0, BV)
-        rm = tl.sum(((o_v[:, None].to(tl.int64) == b_rm[None, :]) & (b_rm >= 0)[None, :]).to(tl.int32), 1) > 0
-        b_pv = tl.where(rm, 0.0, tl.load(p_u + o_v, mask=o_v < V, other=0.0).to(tl.float64))
-        b_cdf = base + tl.cumsum(b_pv, 0)
-        first = tl.minimum(first, tl.min(tl.where((b_cdf > target) & (o_v < V), o_v.to(tl.int64), 2147483647), 0))
-        base += tl.sum(b_pv, 0)
-    b_bonus = tl.where(last >= 0, tl.minimum(first, last), 0)
+    cb = tl.sum(tl.sum(tl.where((o_t == cur)[:, None] & (o_j == K)[None, :], b_coin, 0.0), 1), 0)
+    tl.store(stop, cur)
+    tl.store(stop + 1, cb.to(tl.int64, bitcast=True))
+    tl.store(probs + cur * s_p + tl.maximum(b_rm, 0), tl.zeros([BK], dtype=probs.dtype.element_ty), mask=b_rm >= 0)
     tl.store(length, n)
     m_d = o_d <= D
     tl.store(rows, tl.zeros([], dtype=tl.int64))
     tl.store(rows + 1 + o_d, b_after, mask=o_d < D)
-    b_nt = tl.load(tokens + b_after, mask=m_d, other=0)
-    tl.store(nxt_tok + o_d, tl.where(o_d == n - 1, b_bonus, b_nt), mask=m_d)
+    tl.store(nxt_tok + o_d, tl.load(tokens + b_after, mask=m_d, other=0), mask=m_d & (o_d != n - 1))
+
+
+@triton.jit
+def bonus_mass_fwd_kernel(probs, stop, part, lastp, V, s_p, BV: tl.constexpr, PDL: tl.constexpr = False):
+    # chunk i_c of the stop node's row (its tried tokens zeroed by the walk): the fp64 mass and the
+    # last index with mass (-1 for none)
+    pdl_prologue(PDL)
+    i_c = tl.program_id(0)
+    o_v = i_c * BV + tl.arange(0, BV)
+    b_pv = tl.load(probs + tl.load(stop) * s_p + o_v, mask=o_v < V, other=0.0).to(tl.float64)
+    tl.store(part + i_c, tl.sum(b_pv, 0))
+    tl.store(lastp + i_c, tl.max(tl.where(b_pv > 0, o_v, -1), 0))
+
+
+@triton.jit
+def bonus_pick_fwd_kernel(probs, stop, part, lastp, length, bonus, nxt_tok, V, NC, s_p, BV: tl.constexpr,
+                          NCP: tl.constexpr, PDL: tl.constexpr = False):
+    # the bonus by inverse CDF (`ssv.spec.device.sample_device`): the first index whose CDF exceeds
+    # coin x the row's mass, never a zero-probability one (the last with mass caps it): the chunk
+    # from the chunks' masses, then the index by a scan of that chunk alone; then the record's last
+    # token (nxt[n - 1]) and the bonus
+    pdl_prologue(PDL)
+    o_c = tl.arange(0, NCP)
+    b_part = tl.load(part + o_c, mask=o_c < NC, other=0.0)
+    target = tl.load(stop + 1).to(tl.float64, bitcast=True) * tl.sum(b_part, 0)
+    b_cum = tl.cumsum(b_part, 0)
+    c = tl.min(tl.where((b_cum > target) & (o_c < NC), o_c, NCP), 0)
+    last = tl.max(tl.load(lastp + o_c, mask=o_c < NC, other=-1), 0)
+    base = tl.sum(tl.where(o_c < c, b_part, 0.0), 0)
+    o_v = c * BV + tl.arange(0, BV)
+    b_pv = tl.load(probs + tl.load(stop) * s_p + o_v, mask=(o_v < V) & (c < NCP), other=0.0).to(tl.float64)
+    b_cdf = base + tl.cumsum(b_pv, 0)
+    first = tl.min(tl.where((b_cdf > target) & (o_v < V), o_v, 2147483647), 0)
+    b_bonus = tl.where(last >= 0, tl.minimum(first, last), 0).to(tl.int64)
     tl.store(bonus, b_bonus)
+    tl.store(nxt_tok + tl.load(length) - 1, b_bonus)

@@ -1,14 +1,16 @@
-"""Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (two
+"""Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (four
 launches after the target's probabilities, where the tensor form takes ~115 with the record)."""
 from __future__ import annotations
 
 import torch
 import triton
 
-from ssv.ops.accept.kernels import accept_greedy_fwd_kernel, accept_sample_fwd_kernel, row_mass_fwd_kernel
+from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, bonus_mass_fwd_kernel,
+                                   bonus_pick_fwd_kernel, row_mass_fwd_kernel)
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
+BONUS_CHUNK = 1024   # the bonus's inverse CDF: chunk masses in parallel, then a scan of one chunk
 
 
 def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, best: torch.Tensor,
@@ -58,8 +60,10 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
                         bonus: torch.Tensor):
     """The sampled walk (`ssv.spec.device.accept_sample_device`: the same path and bonus for the same
     coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
-    bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`); coins
-    [>= T, top_k + 1]. Returns (path, rows) [max_depth + 1] each."""
+    bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`), which
+    this consumes: the stop node's tried tokens are zeroed in its row. coins [>= T, top_k + 1].
+    Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus.
+    Returns (path, rows) [max_depth + 1] each."""
     t, d = parents.numel(), max_depth
     if not (tokens.numel() == scores.numel() == t) or not 0 < t <= MAX_T:
         raise ValueError(f"accept_sample_round: parents, tokens, scores must be [T] with 0 < T <= {MAX_T}")
@@ -72,13 +76,20 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
             raise ValueError(f"accept_sample_round: {name} must be a contiguous int64 [{n}]")
     dev, v = parents.device, probs.shape[1]
     pk = pdl_args(dev)
+    bt = max(16, triton.next_power_of_2(t))
     total = torch.empty(t, dtype=torch.float64, device=dev)
     row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=1024, **pk, num_warps=4)
     path = torch.empty(d + 1, dtype=torch.long, device=dev)
     rows = torch.empty(d + 1, dtype=torch.long, device=dev)
+    stop = torch.empty(2, dtype=torch.long, device=dev)   # the stop node, then its bonus coin's bits
     accept_sample_fwd_kernel[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total,
-                                   coins, path, length, bonus, rows, nxt, v, probs.stride(0), coins.stride(0), T=t,
-                                   BT=max(16, triton.next_power_of_2(t)), D=d,
-                                   BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
-                                   BK=max(2, triton.next_power_of_2(top_k)), BV=1024, **pk, num_warps=4)
+                                   coins, path, length, rows, nxt, stop, probs.stride(0), coins.stride(0), T=t,
+                                   BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
+                                   BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=1)
+    nc = triton.cdiv(v, BONUS_CHUNK)
+    part = torch.empty(nc, dtype=torch.float64, device=dev)
+    lastp = torch.empty(nc, dtype=torch.int32, device=dev)
+    bonus_mass_fwd_kernel[(nc,)](probs, stop, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, **pk, num_warps=4)
+    bonus_pick_fwd_kernel[(1,)](probs, stop, part, lastp, length, bonus, nxt, v, nc, probs.stride(0), BV=BONUS_CHUNK,
+                                NCP=max(2, triton.next_power_of_2(nc)), **pk, num_warps=4)
     return path, rows

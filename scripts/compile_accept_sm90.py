@@ -1,0 +1,45 @@
+"""Compile the sampled accept's kernels for sm_90 on a machine without a GPU (triton's own ptxas):
+that the walk (fp64 reductions, a bitcast) and the bonus launches build for Hopper, with their
+registers and spills, before any device time is spent. usage: python scripts/compile_accept_sm90.py"""
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ssv.ops.accept import kernels as K
+
+CASES = [  # kernel, pointer / int arguments, constexprs, warps
+    (K.row_mass_fwd_kernel, dict(probs="*fp32", total="*fp64", V="i32", s_p="i32"), dict(BV=1024), 4),
+    (K.accept_sample_fwd_kernel, dict(parents="*i64", tokens="*i64", scores="*fp32", probs="*fp32", total="*fp64",
+                                      coins="*fp32", path="*i64", length="*i64", rows="*i64", nxt_tok="*i64",
+                                      stop="*i64", s_p="i32", s_c="i32"),
+     dict(T=57, BT=64, D=9, BD=16, K=10, BK=16), 1),
+    (K.bonus_mass_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", V="i32", s_p="i32"),
+     dict(BV=1024), 4),
+    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", length="*i64",
+                                   bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
+     dict(BV=1024, NCP=64), 4),
+]
+
+
+def main():
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for fn, args, const, warps in CASES:
+        order = list(fn.arg_names)
+        sig = {n: args.get(n, "constexpr") for n in order}
+        src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in {**const, "PDL": True}.items()})
+        cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(cc.asm["cubin"])
+        use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", use).groups()
+        print(f"{fn.__name__:28s} warps {warps}  registers {reg}  stack {stack}  sass lines {cc.asm['sass'].count(chr(10)) if 'sass' in cc.asm else '-'}")
+
+
+if __name__ == "__main__":
+    main()
