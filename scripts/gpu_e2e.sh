@@ -11,6 +11,9 @@
 #   call 3 (AT ONCE):  bash scripts/gpu_e2e.sh 3   carry [".stage/draft/gguf.part3", ".stage/draft/gguf.sha256",
 #            ".stage/e2e-prompts.json", ".whl"]: the default model's e2e table
 #   or call 3 as `planner` (carry .stage/planner-prompts.json instead): `ssv bench planner`
+#   or the last call as `ab` (a base package beside the head, .stage/base, 0.9 MB): with the tracked tree at
+#            ~41 MB a quarter of the GGUF, the prompts and the base no longer fit 64 MiB; stage five parts
+#            (GGUF_PARTS=5 scripts/train_draft_gpu.sh stage, ~19.7 MB each) and chain one more call
 # SSV_COMMIT names the commit (no git there). Results: $OUT/e2e-cuda.json, e2e-cuda.png, logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
