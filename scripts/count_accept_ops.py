@@ -1,4 +1,4 @@
-"""The sampled accept's op count (`ssv.spec.device.accept_sample_device`), counted on the CPU as
+"""The sampled accept's op count (`ssv.spec.device_accept.accept_sample_device`), counted on the CPU as
 scripts/count_launches.py counts a step (every ATen op that would be a kernel, views excluded): a
 random tree of the lookup round's sampled bucket (48 rows, up to 9 children a node, depth 8) over the
 default model's vocabulary. On CUDA each op is a launch inside the accept graph.
@@ -14,7 +14,8 @@ import torch  # noqa: E402
 
 from ssv.bench.kernels import environment  # noqa: E402
 from ssv.spec.accept import SamplingParams  # noqa: E402
-from ssv.spec.device import DeviceTree, accept_sample_device  # noqa: E402
+from ssv.spec.device import DeviceTree  # noqa: E402
+from ssv.spec.device_accept import accept_sample_device  # noqa: E402
 
 T, V, K, D = 48, 49152, 9, 8
 g = torch.Generator().manual_seed(0)

@@ -20,7 +20,8 @@ from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
 from ssv.engine.prefill import PREFILL_CHUNK, DevicePrefill  # noqa: F401 -- PREFILL_CHUNK: the engine's API
 from ssv.spec.accept import probs_unchecked
-from ssv.spec.device import accept_greedy_round, accept_sample_round, check_spec, grow_flat, sample_device
+from ssv.spec.device import check_spec, grow_flat
+from ssv.spec.device_accept import accept_greedy_round, accept_sample_round, sample_device
 from ssv.spec.lookup import grow_with_chain
 
 

@@ -9,7 +9,8 @@ from ssv.engine.generate import generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec
 from ssv.engine.sync_guard import HostSyncError, NoHostSync, host_read
-from ssv.spec.device import accept_greedy_device, grow_tree
+from ssv.spec.device import grow_tree
+from ssv.spec.device_accept import accept_greedy_device
 from ssv.spec.tree import TreeSpec
 
 from ..conftest import make_tiny_model

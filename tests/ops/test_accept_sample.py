@@ -8,7 +8,8 @@ import torch
 from ssv.ops.accept.naive import round_record_naive
 from ssv.ops.accept.ops import accept_sample_round
 from ssv.spec.accept import SamplingParams, probs_unchecked
-from ssv.spec.device import DeviceTree, accept_sample_device
+from ssv.spec.device import DeviceTree
+from ssv.spec.device_accept import accept_sample_device
 
 from .test_nsa_kernels import DEV
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ssv.spec.accept import AcceptResult, SamplingParams, accept_sample
-from ssv.spec.device import DeviceTree, accept_sample_device
+from ssv.spec.device import DeviceTree
+from ssv.spec.device_accept import accept_sample_device
 from ssv.spec.tree import TreeSpec
 
 from .test_accept import ALPHA, FAST_TRIALS, goodness_of_fit, make_case, run_trials

@@ -63,7 +63,7 @@ def row_mass_fwd_kernel(probs, total, V, s_p, BV: tl.constexpr, PDL: tl.constexp
 def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path, length, rows, nxt_tok, stop,
                              s_p, s_c, T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                              K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
-    # the lossless multi-candidate walk (`ssv.spec.device.accept_sample_device`) in one warp: at node
+    # the lossless multi-candidate walk (`ssv.spec.device_accept.accept_sample_device`) in one warp: at node
     # u its children in sibling order (max score, lower index), child c with token x accepted when
     # coin[u, j] * R < q, q = p_u(x) (0 for a token an earlier sibling carried), R = p_u's mass minus
     # the q before it; the last token with mass left always. Every load is hoisted before the walk
@@ -148,7 +148,7 @@ def bonus_mass_fwd_kernel(probs, stop, part, lastp, V, s_p, BV: tl.constexpr, PD
 @triton.jit
 def bonus_pick_fwd_kernel(probs, stop, part, lastp, length, bonus, nxt_tok, V, NC, s_p, BV: tl.constexpr,
                           NCP: tl.constexpr, PDL: tl.constexpr = False):
-    # the bonus by inverse CDF (`ssv.spec.device.sample_device`): the first index whose CDF exceeds
+    # the bonus by inverse CDF (`ssv.spec.device_accept.sample_device`): the first index whose CDF exceeds
     # coin x the row's mass, never a zero-probability one (the last with mass caps it): the chunk
     # from the chunks' masses, then the index by a scan of that chunk alone; then the record's last
     # token (nxt[n - 1]) and the bonus

@@ -16,7 +16,7 @@ BONUS_CHUNK = 1024   # the bonus's inverse CDF: chunk masses in parallel, then a
 def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, best: torch.Tensor,
                        max_depth: int):
     """parents/tokens [T] int64, scores [T] float, best [T] int64 (the target's argmax at each node) ->
-    (path [max_depth + 1] -1 padded, length [1], bonus [1]) as `ssv.spec.device.accept_greedy_device`."""
+    (path [max_depth + 1] -1 padded, length [1], bonus [1]) as `ssv.spec.device_accept.accept_greedy_device`."""
     t = parents.numel()
     if not (tokens.numel() == scores.numel() == best.numel() == t) or not 0 < t <= MAX_T:
         raise ValueError(f"accept_greedy_walk: parents, tokens, scores, best must be [T] with 0 < T <= {MAX_T}")
@@ -58,7 +58,7 @@ def accept_greedy_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
 def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
                         coins: torch.Tensor, max_depth: int, top_k: int, length: torch.Tensor, nxt: torch.Tensor,
                         bonus: torch.Tensor):
-    """The sampled walk (`ssv.spec.device.accept_sample_device`: the same path and bonus for the same
+    """The sampled walk (`ssv.spec.device_accept.accept_sample_device`: the same path and bonus for the same
     coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
     bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`), which
     this consumes: the stop node's tried tokens are zeroed in its row. coins [>= T, top_k + 1].
