@@ -1,4 +1,4 @@
-"""Compile the sampled accept's kernels for sm_90 on a machine without a GPU (triton's own ptxas):
+"""Compile the accept kernels (the greedy walk, the sampled ones) for sm_90 on a machine without a GPU (triton's own ptxas):
 that the walk (fp64 reductions, a bitcast) and the bonus launches build for Hopper, with their
 registers and spills, before any device time is spent. usage: python scripts/compile_accept_sm90.py"""
 import os
@@ -13,6 +13,9 @@ from triton.compiler import ASTSource
 from ssv.ops.accept import kernels as K
 
 CASES = [  # kernel, pointer / int arguments, constexprs, warps
+    (K.accept_greedy_fwd_kernel, dict(parents="*i64", tokens="*i64", scores="*fp32", best="*i64", path="*i64",
+                                      length="*i64", bonus="*i64", rows="*i64", nxt_tok="*i64"),
+     dict(T=57, BT=64, D=9, BD=16, RECORD=True), 1),
     (K.row_mass_fwd_kernel, dict(probs="*fp32", total="*fp64", V="i32", s_p="i32"), dict(BV=1024), 4),
     (K.accept_sample_fwd_kernel, dict(parents="*i64", tokens="*i64", scores="*fp32", probs="*fp32", total="*fp64",
                                       coins="*fp32", path="*i64", length="*i64", rows="*i64", nxt_tok="*i64",

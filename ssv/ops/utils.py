@@ -58,3 +58,8 @@ def ctas_per_sm(n_regs: int, shared: int, num_warps: int, limits=(65536, 233472,
 def sm_limits(device: torch.device) -> tuple:
     """(registers, shared memory bytes, threads) of one SM of a CUDA device, asked once."""
     return _sm_limits(_index(device))
+
+
+def tma_aligned(t) -> bool:
+    """What a tensor descriptor (TMA) over t [A, B, D] needs: 16-byte aligned base and outer strides."""
+    return all(x % 16 == 0 for x in (t.data_ptr(), t.stride(0) * t.element_size(), t.stride(1) * t.element_size()))

@@ -5,6 +5,35 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
+def _load_tree(parents, tokens, scores, T: tl.constexpr, BT: tl.constexpr):
+    # the tree in registers: node ids, parents (-2 past T), tokens (-1 past T), scores (-inf past T)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < T
+    b_p = tl.load(parents + o_t, mask=m_t, other=-2)                 # [BT]
+    b_k = tl.load(tokens + o_t, mask=m_t, other=-1)
+    b_s = tl.load(scores + o_t, mask=m_t, other=float("-inf")).to(tl.float32)
+    return o_t, m_t, b_p, b_k, b_s
+
+
+@triton.jit
+def _advance(path, d, found, nxt, cur, b_after, n, alive, o_d):
+    # depth d of a walk: path[d] (-1 when no child was taken), the node after path[d - 1], the count
+    cur = tl.where(found, nxt, cur)
+    tl.store(path + d, tl.where(found, nxt, -1))
+    b_after = tl.where(o_d == d - 1, tl.where(found, nxt, 0), b_after)
+    return cur, b_after, n + found.to(tl.int64), alive & found
+
+
+@triton.jit
+def _store_rows(rows, tokens, b_after, o_d, D: tl.constexpr):
+    # the drafter's row i is (the feature at path[i], the token after it): rows[i] the path with
+    # padding at the root; returns the token after each row (the next accepted node's)
+    tl.store(rows, tl.zeros([], dtype=tl.int64))
+    tl.store(rows + 1 + o_d, b_after, mask=o_d < D)
+    return tl.load(tokens + b_after, mask=o_d <= D, other=0)
+
+
+@triton.jit
 def accept_greedy_fwd_kernel(parents, tokens, scores, best, path, length, bonus, rows, nxt_tok,
                              T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                              RECORD: tl.constexpr, PDL: tl.constexpr = False):
@@ -12,11 +41,7 @@ def accept_greedy_fwd_kernel(parents, tokens, scores, best, path, length, bonus,
     # whose token is the target's argmax there, the first in sibling order (max score, lower index);
     # RECORD: also the round's record (the drafter's rows and the token after each)
     pdl_prologue(PDL)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < T
-    b_p = tl.load(parents + o_t, mask=m_t, other=-2)                 # [BT]
-    b_k = tl.load(tokens + o_t, mask=m_t, other=-1)
-    b_s = tl.load(scores + o_t, mask=m_t, other=float("-inf")).to(tl.float32)
+    o_t, m_t, b_p, b_k, b_s = _load_tree(parents, tokens, scores, T, BT)
     cur = tl.zeros([], dtype=tl.int64)
     n = tl.full([], 1, dtype=tl.int64)
     alive = tl.full([], 1, dtype=tl.int1)
@@ -28,22 +53,12 @@ def accept_greedy_fwd_kernel(parents, tokens, scores, best, path, length, bonus,
         hit = (b_p == cur) & (b_k == b_best) & m_t & alive
         b_m = tl.max(tl.where(hit, b_s, float("-inf")), 0)
         nxt = tl.min(tl.where(hit & (b_s == b_m), o_t, BT), 0).to(tl.int64)
-        found = nxt < BT
-        cur = tl.where(found, nxt, cur)
-        tl.store(path + d, tl.where(found, nxt, -1))
-        b_after = tl.where(o_d == d - 1, tl.where(found, nxt, 0), b_after)
-        n += found.to(tl.int64)
-        alive = alive & found
+        cur, b_after, n, alive = _advance(path, d, nxt < BT, nxt, cur, b_after, n, alive, o_d)
     b_bonus = tl.load(best + cur)
     tl.store(length, n)
-    if RECORD:
-        # the drafter's row i is (the feature at path[i], the token after it): the next accepted
-        # node's token, the bonus after the last; padded rows point at the root
-        m_d = o_d <= D
-        tl.store(rows, tl.zeros([], dtype=tl.int64))
-        tl.store(rows + 1 + o_d, b_after, mask=o_d < D)
-        b_nt = tl.load(tokens + b_after, mask=m_d, other=0)
-        tl.store(nxt_tok + o_d, tl.where(o_d == n - 1, b_bonus, b_nt), mask=m_d)
+    if RECORD:   # the token after each row: the bonus after the last; padded rows point at the root
+        b_nt = _store_rows(rows, tokens, b_after, o_d, D)
+        tl.store(nxt_tok + o_d, tl.where(o_d == n - 1, b_bonus, b_nt), mask=o_d <= D)
     tl.store(bonus, b_bonus)
 
 
@@ -72,11 +87,7 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
     # stop node (stop[0]) and its bonus coin (stop[1], as float64 bits), and zeroes the stop node's
     # tried tokens in its probability row for the bonus launches
     pdl_prologue(PDL)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < T
-    b_p = tl.load(parents + o_t, mask=m_t, other=-2)                 # [BT]
-    b_k = tl.load(tokens + o_t, mask=m_t, other=-1)
-    b_s = tl.load(scores + o_t, mask=m_t, other=float("-inf")).to(tl.float32)
+    o_t, m_t, b_p, b_k, b_s = _load_tree(parents, tokens, scores, T, BT)
     m_c = m_t & (b_p >= 0)
     b_q = tl.load(probs + tl.maximum(b_p, 0) * s_p + tl.maximum(b_k, 0), mask=m_c, other=0.0).to(tl.float64)
     b_tot = tl.load(total + o_t, mask=m_t, other=0.0)
@@ -117,20 +128,14 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
             nxt = tl.where(ok, c.to(tl.int64), nxt)
             took = took | ok
         b_rm = tl.where(alive & ~took, b_tok, b_rm)
-        cur = tl.where(took, nxt, cur)
-        tl.store(path + d, tl.where(took, nxt, -1))
-        b_after = tl.where(o_d == d - 1, tl.where(took, nxt, 0), b_after)
-        n += took.to(tl.int64)
-        alive = alive & took
+        cur, b_after, n, alive = _advance(path, d, took, nxt, cur, b_after, n, alive, o_d)
     cb = tl.sum(tl.sum(tl.where((o_t == cur)[:, None] & (o_j == K)[None, :], b_coin, 0.0), 1), 0)
     tl.store(stop, cur)
     tl.store(stop + 1, cb.to(tl.int64, bitcast=True))
     tl.store(probs + cur * s_p + tl.maximum(b_rm, 0), tl.zeros([BK], dtype=probs.dtype.element_ty), mask=b_rm >= 0)
     tl.store(length, n)
-    m_d = o_d <= D
-    tl.store(rows, tl.zeros([], dtype=tl.int64))
-    tl.store(rows + 1 + o_d, b_after, mask=o_d < D)
-    tl.store(nxt_tok + o_d, tl.load(tokens + b_after, mask=m_d, other=0), mask=m_d & (o_d != n - 1))
+    # the record but its last token, which the bonus's launch writes
+    tl.store(nxt_tok + o_d, _store_rows(rows, tokens, b_after, o_d, D), mask=(o_d <= D) & (o_d != n - 1))
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route
                                              nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.pdl import pdl_args
-from ssv.ops.utils import pow2, sm_count
+from ssv.ops.utils import pow2, sm_count, tma_aligned
 
 
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
@@ -144,10 +144,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
 def _cmp_descriptors(k_cmp: torch.Tensor, v_cmp: torch.Tensor, bc: int, tma: Optional[bool]):
     """Tensor descriptors over the compressed blocks' whole capacity [Hkv, NB, D], a [1, bc, D] box,
     or (k_cmp, v_cmp) unused in their place when the tiles go through pointers."""
-    def aligned(t):
-        return t.stride(2) == 1 and all(x % 16 == 0 for x in (t.data_ptr(), t.stride(0) * t.element_size(),
-                                                              t.stride(1) * t.element_size()))
-    ok = aligned(k_cmp) and aligned(v_cmp) and k_cmp.shape[2] * k_cmp.element_size() >= 16
+    ok = (all(tma_aligned(t) and t.stride(2) == 1 for t in (k_cmp, v_cmp))
+          and k_cmp.shape[2] * k_cmp.element_size() >= 16)
     if tma is None:
         tma = k_cmp.is_cuda and torch.cuda.get_device_capability(k_cmp.device)[0] >= 9 and ok
     if not tma:

@@ -12,7 +12,7 @@ from ssv.ops.nsa.verify_kernels import nsa_verify_combine_kernel, nsa_verify_fwd
 from ssv.ops.nsa.verify_policy import (FOLD_MAX_SPLITS, GROUP_SIZES, launch_config, num_counters, occupancy,
                                        pdl_pays, plan_launch, tile_rows)
 from ssv.ops.pdl import pdl_args
-from ssv.ops.utils import pow2, sm_count
+from ssv.ops.utils import pow2, sm_count, tma_aligned
 
 # what callers import from here: the launcher, and the kernels and policy it runs
 __all__ = ["nsa_verify", "check_shapes", "nsa_verify_fwd_kernel", "nsa_verify_combine_kernel", "FOLD_MAX_SPLITS",
@@ -78,8 +78,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, po
     gt = gates.float().contiguous() if gated else lse_a
     oc = o_cmp.float().contiguous() if gated else lse_a
     # TMA wants 16-byte aligned bases and row strides
-    aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-                  and t.stride(1) * t.element_size() % 16 == 0 for t in (k, v))
+    aligned = tma_aligned(k) and tma_aligned(v)
     if tma is None:
         tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9 and aligned
     if tma:
