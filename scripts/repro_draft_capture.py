@@ -41,10 +41,9 @@ for att, modes, cap in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx
         wall = (time.perf_counter() - t0) / 20 * 1e3
         eng.timing = False
         ph = {k: sorted(v)[len(v) // 2] for k, v in eng.phase_ms.items()}
-        prof = profile_rounds(eng, opts, 6) if mode != "sampled" else {"launches_per_round": 0, "gpu_busy_fraction": 0}
+        prof = profile_rounds(eng, opts, params, 6)
         rows.append({"attention": att, "mode": mode, "capacity": cap, "round_wall_ms": wall, **{f"{k}_ms": v for k, v in ph.items()},
-                     **({} if mode == "sampled" else {"kernels_per_round": prof["launches_per_round"],
-                                                      "gpu_busy_fraction": prof["gpu_busy_fraction"]})})
+                     "kernels_per_round": prof["launches_per_round"], "gpu_busy_fraction": prof["gpu_busy_fraction"]})
         print(f"{att:5s} {mode:16s} cap {cap:5d} wall/round {wall:7.3f} ms  kernels {prof['launches_per_round']:.0f} busy "
               f"{prof['gpu_busy_fraction']:.2f}  graphed {sorted(set(k[0] for k in eng._graphs))}  "
               + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)

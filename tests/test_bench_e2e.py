@@ -186,3 +186,33 @@ def test_sampled_runs_have_their_parameters_and_no_identity_count():
                  mean_accepted_length=1.0, identical_to_ar=None) for m, t in (("ar-nsa", 100.0), ("ssv strict", 150.0))]
     s = {r["mode"]: r for r in summarize(rows)}
     assert s["ssv strict"]["identical_to_ar"] is None and s["ssv strict"]["speedup_vs_ar_nsa"] == pytest.approx(1.5)
+
+
+def test_profile_rounds_replays_the_runs_sampling_parameters():
+    # the launches and busy fraction of a sampled row must come from sampled rounds: until session 34
+    # they were the greedy round's (profile_rounds launched without the run's parameters)
+    from ssv.bench.e2e import profile_rounds
+    from ssv.spec.accept import SamplingParams
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def launch_spec(self, opts, params=None):
+            self.calls.append(("spec", opts, params))
+            return len(self.calls)
+
+        def launch_ar(self, params=None):
+            self.calls.append(("ar", None, params))
+            return len(self.calls)
+
+        def finish(self, t):
+            return []
+
+    hot = SamplingParams(temperature=0.7, top_p=0.9)
+    for opts in (None, object()):
+        eng = Recorder()
+        out = profile_rounds(eng, opts, hot, rounds=3)
+        assert [c[2] for c in eng.calls] == [hot] * 3
+        assert {c[0] for c in eng.calls} == {"ar" if opts is None else "spec"}
+        assert out["profiled_rounds"] == 3

@@ -81,12 +81,16 @@ def prompt_ids(tok, family: str, text: str, context: int, end: int | None = None
                                               add_generation_prompt=True))[:context]
 
 
-def profile_rounds(engine: DeviceEngine, opts, rounds: int = 12) -> dict:
+def profile_rounds(engine: DeviceEngine, opts, params: SamplingParams | None = None, rounds: int = 12) -> dict:
     """Kernel launches per round and the kernel-busy fraction of `rounds` more rounds (graph replays),
-    overlapped as the generation loops run them (round r + 1 launched before round r is read)."""
+    overlapped as the generation loops run them (round r + 1 launched before round r is read), with
+    the run's sampling parameters: a sampled round replays other graphs than a greedy one (until
+    session 34 the sampled rows reported the greedy round's launches)."""
     from torch.profiler import ProfilerActivity, profile
-    launch = (lambda: engine.launch_ar()) if opts is None else (lambda: engine.launch_spec(opts))
-    torch.cuda.synchronize()
+    launch = ((lambda: engine.launch_ar(params)) if opts is None
+              else (lambda: engine.launch_spec(opts, params)))
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         flight = launch()
@@ -95,7 +99,7 @@ def profile_rounds(engine: DeviceEngine, opts, rounds: int = 12) -> dict:
             engine.finish(flight)
             flight = nxt
         engine.finish(flight)
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - t0
     kern = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
             and "memset" not in e.name.lower()]
@@ -197,7 +201,7 @@ def run_default(args, env: dict, save) -> list:
                                 seed=args.seed)
         eng.timing = False
         split = {k: sum(v) / len(v) for k, v in eng.phase_ms.items() if v}
-        prof = profile_rounds(eng, opts)
+        prof = profile_rounds(eng, opts, params)
         return res, split, prof
 
     # warm-up: every mode's graphs captured and kernels compiled before anything is timed
