@@ -176,12 +176,17 @@ def _engine(args, runner, drafter=None):
 DEFAULT_TREE = (6, 8, 48)
 CPU_TREES = {"linear": (2, 2, 3), "transposed": (2, 2, 4), "packed": (2, 2, 4)}
 # and the chain looked up from the text beside it (ssv.spec.lookup; the CPU verifies only the chain's
-# new tokens): with the packed form at 2K, 2x2x4 with up to 3 looked-up tokens ran 1.63-1.65x /
-# 1.99-2.02x / 1.25x ar on code / prose / chat against 2x2x4's 1.21-1.25x / 1.32-1.34x / 1.17-1.19x
-# in the same run (bench/results/cpu-s29/spec-2k-paired-lookup3-compact, each ratio over an ar
-# stepped between its rounds); with the 3 rows always verified (spares) 1.51-1.54x / 1.79-1.83x /
-# 1.14-1.15x (spec-2k-paired-lookup3). Not measured with the other forms
-CPU_LOOKUP = {"linear": 0, "transposed": 0, "packed": 3}
+# new tokens), on every form: with the packed form (session 29's AMD VM) at 2K, 2x2x4 with up to 3
+# looked-up tokens ran 1.63-1.65x / 1.99-2.02x / 1.25x ar on code / prose / chat against 2x2x4's
+# 1.21-1.25x / 1.32-1.34x / 1.17-1.19x in the same run (bench/results/cpu-s29/spec-2k-paired-lookup3-compact,
+# each ratio over an ar stepped between its rounds); with the 3 rows always verified (spares)
+# 1.51-1.54x / 1.79-1.83x / 1.14-1.15x (spec-2k-paired-lookup3). With F.linear (session 34's Intel VM,
+# SSV_CPU_GEMM=linear), 2x2x3 with the chain ran 1.67x / 1.85x / 1.22x against 2x2x3's 1.28x / 1.29x /
+# 1.20x (bench/results/cpu-s34/spec-2k-paired-linear-lookup3-compact). Session 34 also found that
+# VM's 4-row form flipping between F.linear and packed from one process to the next (their times
+# within MARGIN): a lookup by form switched the CPU's strategy at random; the transposed form's
+# machine (session 24's) is gone and unmeasured
+CPU_LOOKUP = 3
 # The graphed CUDA round's default: the 48 rows of DEFAULT_TREE as a 6x8x40 head tree and a chain of up
 # to 8 from the context in its spare rows. H200, bf16, greedy, 128 tokens, one document a family, at
 # 1K / 2K / 4K / 8K, against 6x8x48 in the same process: code 1.57 -> 2.53x, 1.63 -> 2.93x, 2.45 -> 3.10x,
@@ -198,16 +203,18 @@ def cpu_tree() -> tuple:
 
 
 def cpu_lookup() -> int:
-    """The CPU's default context lookup for `--mode ssv` (CPU_LOOKUP)."""
-    from ssv.ops.linear.cpu import cpu_form
-    return CPU_LOOKUP[cpu_form(4)]
+    """The CPU's default context lookup for `--mode ssv` (CPU_LOOKUP, on every GEMM form)."""
+    return CPU_LOOKUP
+
+
 # The AR fall-back's break-even (round / AR step) before both are timed. A 48-node round on the H200
 # costs ~2.1 AR steps (bench/results/e2e-cuda-e513856.json). On the CPU, by the BLAS form for 4 rows:
 # the Intel VM's 3-node round cost 1.27-1.35 AR steps (its MAL over its speedup in the runs above),
 # session 24's AMD VM's 4-node round 1.58-1.62 (bench/results/cpu-gemm/round-costs-2k-2x2x4-*.json), and
 # with the packed form 1.46-1.50 (bench/results/cpu-packed/round-costs-2k-2x2x4-*.json).
 CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6, "packed": 1.5}
-CPU_BREAK_EVEN_LOOKUP = {"packed": 1.6}
+# with the lookup (MAL over tok/s): packed 2x2x4 1.54-1.60 (cpu-s29), linear 2x2x3 1.48-1.59 (cpu-s34)
+CPU_BREAK_EVEN_LOOKUP = {"linear": 1.6, "packed": 1.6}
 
 
 def _fallback(args, opts):
@@ -324,8 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--lookup", type=int, metavar="K",
                     help="also verify a chain of up to K tokens drafted from the text itself (the tokens after "
                          "the latest earlier occurrence of its last 2-4 tokens); greedy and sampled rounds, output "
-                         "unchanged; default 0 (--mode ssv with the default tree: on the CPU CPU_LOOKUP, 3 where "
-                         "measured; on CUDA 8 in the 48-node tree's rows, GPU_LOOKUP)")
+                         f"unchanged; default 0 (--mode ssv with the default tree: on the CPU {CPU_LOOKUP}; "
+                         f"on CUDA {GPU_LOOKUP} in the 48-node tree's rows)")
     sd.add_argument("--group-size", type=int, default=4, help="C: queries sharing one load of their blocks")
     sd.add_argument("--precision", choices=("strict", "approx"), default="strict")
     sd.add_argument("--refresh-every", type=int, default=1,

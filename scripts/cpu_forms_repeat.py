@@ -1,0 +1,42 @@
+"""How stable this machine's GEMM-form calibration is: `ssv.ops.linear.cpu.cpu_forms()` in N fresh
+processes (each calibrates once, as `ssv generate` does), the form per row count 1..8 and for longer
+steps, and which CPU strategy (`ssv.cli.cpu_tree()`, keyed on the 4-row form) each would pick.
+
+    python scripts/cpu_forms_repeat.py [N] [out.json]
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+CHILD = ("import json; from ssv.ops.linear.cpu import cpu_forms; from ssv.cli import cpu_tree; "
+         "print(json.dumps({'forms': list(cpu_forms()), 'tree': list(cpu_tree())}))")
+
+
+def main(n: int = 5, out: str | None = None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SSV_CPU_GEMM"}   # calibrate, never a fixed form
+    runs = []
+    for i in range(n):
+        res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(i, runs[-1]["forms"], "tree", runs[-1]["tree"], flush=True)
+    four = collections.Counter(r["forms"][3] for r in runs)
+    print("4-row form:", dict(four))
+    if out:
+        import torch
+        commit = os.environ.get("SSV_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                                 capture_output=True, text=True).stdout.strip()
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+        env_rec = dict(device=f"cpu ({os.cpu_count()} cores)", cpu=cpu, torch=torch.__version__,
+                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit)
+        with open(out, "w") as f:
+            json.dump(dict(env=env_rec, runs=runs, four_row_form=dict(four)), f, indent=1)
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, sys.argv[2] if len(sys.argv) > 2 else None)
