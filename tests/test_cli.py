@@ -496,6 +496,7 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
     cpu = SimpleNamespace(device="cpu")
+    lookups = set()
     for form, nodes, prior in (("linear", 3, 1.3), ("transposed", 4, 1.6), ("packed", 4, 1.5)):
         monkeypatch.setenv(cpu_gemm.ENV, form)
         assert cli.cpu_tree() == (2, 2, nodes)
@@ -503,9 +504,10 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
         f = cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes), lookup=3, spares=False))
         # with a lookup: the measured prior where there is one, and rounds alone judge
         assert f.prior_break_even == {"linear": 1.6, "packed": 1.6}.get(form, prior) and not f.use_agreement
-        # the lookup does not follow the form: a 4-row form that flips between processes (within the
-        # calibration's margin) must not switch the chain on and off (session 34)
-        assert cli.cpu_lookup() == 3
+        lookups.add(cli.cpu_lookup())
+    # the lookup does not follow the form: a 4-row form that flips between processes (within the
+    # calibration's margin) must not switch the chain on and off (session 34)
+    assert len(lookups) == 1 and lookups.pop() > 0
     # a 4-node tree where the machine's own tree has 3 nodes takes the default prior
     monkeypatch.setenv(cpu_gemm.ENV, "linear")
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
