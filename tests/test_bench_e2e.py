@@ -209,6 +209,9 @@ def test_profile_rounds_replays_the_runs_sampling_parameters():
         def finish(self, t):
             return []
 
+        def catch_up(self):
+            self.calls.append(("catch-up", None, None))
+
     hot = SamplingParams(temperature=0.7, top_p=0.9)
     for opts in (None, object()):
         eng = Recorder()
@@ -216,3 +219,26 @@ def test_profile_rounds_replays_the_runs_sampling_parameters():
         assert [c[2] for c in eng.calls] == [hot] * 3
         assert {c[0] for c in eng.calls} == {"ar" if opts is None else "spec"}
         assert out["profiled_rounds"] == 3
+    # after a generation: the fall-back's waiting rows committed first; a run that never ran a round
+    # is profiled as AR steps
+    from ssv.bench.e2e import profile_run
+    for rounds, kind in ((5, "spec"), (0, "ar")):
+        eng = Recorder()
+        out = profile_run(eng, object(), hot, {"rounds": rounds, "ar_steps": 40})
+        assert eng.calls[0][0] == "catch-up" and {c[0] for c in eng.calls[1:]} == {kind}
+        assert out["profiled"] == ("rounds" if rounds else "ar steps")
+
+
+def test_only_the_ar_modes_are_the_references_of_identity():
+    from ssv.bench.e2e import compare_to_ar
+    ref = {}
+    # a run without ar-nsa (its first mode sd-naive) compares nothing: not "identical" to itself
+    assert compare_to_ar("sd-naive", "nsa", [5, 6, 7], ref, True) == (None, None) and ref == {}
+    assert compare_to_ar("ar-nsa", "nsa", [5, 6, 8], ref, True) == ([5, 6, 8], None)
+    assert compare_to_ar("ssv strict", "nsa", [5, 6, 7], ref, True) == ([5, 6, 8], 2)
+    assert compare_to_ar("ar-nsa", "nsa", [9], ref, True) == ([5, 6, 8], 0)   # a second repeat: the first stays
+    # dense modes against ar dense only; sampled runs never report a difference
+    assert compare_to_ar("eagle3 dense", "dense", [5], ref, True) == (None, None)
+    assert compare_to_ar("ar dense", "dense", [5, 6], ref, True) == ([5, 6], None)
+    assert compare_to_ar("eagle3 dense", "dense", [5, 7], ref, False) == ([5, 6], None)
+
