@@ -168,3 +168,14 @@ def test_commit_label_marks_a_tree_that_differs_from_its_head(tmp_path, monkeypa
     assert _commit(tmp_path) == head + "-dirty"
     monkeypatch.setenv("SSV_COMMIT", "abc1234")
     assert _commit(tmp_path) == "abc1234"
+
+
+def test_timed_takes_the_commands_reps(monkeypatch):
+    # `ssv bench kernels --reps` reached no timing until session 34 (bench_graph kept its default 30)
+    import ssv.bench.kernels as kb
+    seen = []
+    monkeypatch.setattr(kb, "bench_graph", lambda fn, reps=30: seen.append(reps) or (1.0, "graph"))
+    assert kb.timed(lambda: None, False, "case", 7) == (1.0, "graph") and seen == [7]
+    import inspect
+    for f in (kb.run_case, kb.run_traces):   # the launchers hand it on
+        assert "reps" in inspect.signature(f).parameters

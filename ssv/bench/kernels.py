@@ -124,11 +124,11 @@ def overlap_of(idx):
     return sum(vals) / max(1, len(vals))
 
 
-def timed(fn, optional: bool, label: str):
+def timed(fn, optional: bool, label: str, reps: int = 30):
     """(ms, how) of bench_graph; for an opt-in path that fails, (None, "failed: <error>") and a line on
     stderr instead of an exception, so one failing variant does not stop a matrix."""
     try:
-        return bench_graph(fn)
+        return bench_graph(fn, reps)
     except Exception as e:
         if not optional:
             raise
@@ -153,7 +153,7 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / ms / 1e9  # TB/s, bytes read + written
 
 
-def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=()):
+def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=(), reps: int = 30):
     from ssv.ops.nsa.naive import num_cmp_blocks
     from ssv.ops.nsa.route import nsa_route, path_block_weights
     from ssv.ops.nsa.verify import nsa_verify, num_counters
@@ -199,7 +199,7 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
     rows = []
 
     def add(method, C, fn, nbytes=ub, optional=False, loads=None):
-        ms, how = timed(fn, optional, f"{shape} T={T} N={N} {method} C={C}")
+        ms, how = timed(fn, optional, f"{shape} T={T} N={N} {method} C={C}", reps)
         rows.append(dict(shape=shape, context=T, tree=N, method=method, C=C, ms=ms, timing=how,
                          unique_bytes=nbytes, tbps=None if ms is None else nbytes / ms / 1e9,
                          loaded_bytes=loads, loaded_tbps=None if ms is None or loads is None else loads / ms / 1e9))
@@ -345,7 +345,7 @@ TRACE_ROWS = (  # method, C, approx, nsa_verify flags beyond the defaults
 )
 
 
-def run_traces(path):
+def run_traces(path, reps: int = 30):
     """Kernel rows on real selections (default model shape): naive vs SSV exact/approx per recorded step."""
     from ssv.ops.nsa.verify import nsa_verify, num_counters
     cfg = NSAConfig()
@@ -372,7 +372,7 @@ def run_traces(path):
         ov = overlap_of(r["block_indices"])
         case = []
         for method, C, approx, kw in TRACE_ROWS:
-            ms, how = timed(verify(C, approx, **kw), False, f"layer {r['layer']} {method} C={C}")
+            ms, how = timed(verify(C, approx, **kw), False, f"layer {r['layer']} {method} C={C}", reps)
             case.append(dict(shape="smollm2-135m (real routing)", layer=r["layer"], context=T, tree=n,
                              method=method, C=C, ms=ms, timing=how, unique_bytes=ub,
                              tbps=None if ms is None else ub / ms / 1e9, overlap=ov))
@@ -477,7 +477,7 @@ def cmd_bench_kernels(args) -> int:
             # one generator per case, so a resumed run draws the same inputs as a whole one
             gen = torch.Generator().manual_seed(zlib.crc32(f"{args.seed}:{shape}:{T}:{N}".encode()))
             sweep = [(C, S) for C in (1, 4, 16) for S in (2, 4, 8, 16)] if args.split_sweep else []
-            for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep):
+            for r in run_case(shape, T, N, cfg, args.overlap, gen, fla, split_sweep=sweep, reps=args.reps):
                 r["frac_of_copy_bw"] = None if r["tbps"] is None else r["tbps"] / env["copy_tbps"]
                 rows.append(r)
             print(f"{shape} T={T} N={N} done", file=sys.stderr, flush=True)
@@ -490,7 +490,7 @@ def cmd_bench_kernels(args) -> int:
         print_table(rows, env)
         plot(rows, os.path.join(args.out, "kernels.png"))
     if args.traces:
-        overlap, trows = run_traces(args.traces)
+        overlap, trows = run_traces(args.traces, args.reps)
         with open(os.path.join(args.out, "kernels-traces.json"), "w") as f:
             json.dump({"env": env, "overlap_by_layer": overlap, "rows": trows}, f, indent=1)
         print("# real routing: adjacent-query overlap by layer (Jaccard):",
