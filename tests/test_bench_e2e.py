@@ -242,3 +242,18 @@ def test_only_the_ar_modes_are_the_references_of_identity():
     assert compare_to_ar("ar dense", "dense", [5, 6], ref, True) == ([5, 6], None)
     assert compare_to_ar("eagle3 dense", "dense", [5, 7], ref, False) == ([5, 6], None)
 
+
+
+def test_a_run_in_parts_keeps_every_parts_environment():
+    from ssv.bench.e2e import keep_earlier
+    env = lambda dev, c="abc": {"device": dev, "commit": c}   # noqa: E731
+    samp = {"temperature": 0.0, "top_p": 1.0, "seed": 0}
+    first = {"env": env("H100"), "sampling": samp, "summary": [1], "steps": [2], "rows": [3]}
+    doc = keep_earlier({"env": env("H200"), "sampling": samp, "summary": [], "steps": [], "rows": []}, first)
+    assert (doc["rows"], doc["steps"]) == ([3], [2]) and [e["device"] for e in doc["parts_env"]] == ["H100", "H200"]
+    third = keep_earlier({"env": env("H100"), "sampling": samp, "summary": [], "steps": [], "rows": []}, doc)
+    assert [e["device"] for e in third["parts_env"]] == ["H100", "H200", "H100"]
+    # another commit or other sampling parameters: nothing is kept
+    for other in ({**first, "env": env("H100", "def")}, {**first, "sampling": {**samp, "temperature": 0.7}}):
+        fresh = {"env": env("H200"), "sampling": samp, "summary": [], "steps": [], "rows": []}
+        assert keep_earlier(fresh, other)["rows"] == [] and "parts_env" not in fresh

@@ -369,6 +369,17 @@ def add_args(p) -> None:
     p.add_argument("--out", default="bench/results")
 
 
+def keep_earlier(doc: dict, old: dict) -> dict:
+    """A run in several calls: `doc` (this call's, still empty) takes the results of an earlier file of
+    the same commit and sampling, and every part's environment in `parts_env` (each call may land on
+    another card: until session 34 the merged file named only the last call's)."""
+    if old.get("env", {}).get("commit") != doc["env"]["commit"] or old.get("sampling") != doc["sampling"]:
+        return doc
+    doc.update({k: old.get(k, []) for k in ("summary", "steps", "rows")})
+    doc["parts_env"] = old.get("parts_env", [old["env"]]) + [doc["env"]]
+    return doc
+
+
 def cmd_bench_e2e(args) -> int:
     from ssv.bench.kernels import environment
     if args.repeats < 1:
@@ -387,9 +398,7 @@ def cmd_bench_e2e(args) -> int:
                                               "seed": args.seed}, "summary": [], "steps": [], "rows": []}
     if os.path.isfile(path):  # a run in several calls: keep the other part's results
         with open(path) as f:
-            old = json.load(f)
-        if old.get("env", {}).get("commit") == doc["env"]["commit"]:
-            doc.update({k: old.get(k, []) for k in ("summary", "steps", "rows")})
+            keep_earlier(doc, json.load(f))
 
     def save(rows=None):
         if rows is not None:
