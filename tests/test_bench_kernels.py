@@ -139,7 +139,7 @@ def test_claims_let_one_process_run_a_case(tmp_path):
 def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys, monkeypatch):
     import ssv.bench.kernels as K
     from ssv.bench.kernels import timed
-    monkeypatch.setattr(K, "bench_graph", lambda fn: (fn(), "graph"))  # no GPU here: run fn untimed
+    monkeypatch.setattr(K, "bench_graph", lambda fn, reps=30: (fn(), "graph"))  # no GPU here: run fn untimed
     assert timed(lambda: 0.5, False, "ok") == (0.5, "graph")
 
     def boom():
@@ -179,3 +179,10 @@ def test_timed_takes_the_commands_reps(monkeypatch):
     import inspect
     for f in (kb.run_case, kb.run_traces):   # the launchers hand it on
         assert "reps" in inspect.signature(f).parameters
+
+
+def test_rotation_reads_past_the_l2():
+    from ssv.bench.kernels import rotation
+    small = 2 * 3 * 5120 * 64 * 2   # the default model's K/V of one layer at 5K: ~3.9 MB
+    assert rotation(small) * small >= 200e6
+    assert rotation(300e6) == 1 and rotation(40e6) * 40e6 >= 200e6
