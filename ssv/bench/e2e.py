@@ -242,8 +242,10 @@ def run_default(args, env: dict, save) -> list:
                 # repeats interleave the modes (all modes, then all again), so that a drift of the
                 # machine's speed falls on every mode alike; summaries pair each rep with ar-nsa's
                 for rep, mode in [(i, m) for i in range(args.repeats) for m in MODES if m in args.modes]:
+                    # the cache's capacity sizes the kernels' grids (a 4K step in a cache for 8K measured
+                    # ~9% slower, bench/NOTES.md): a row's numbers depend on the run's largest context
                     row = {"family": family, "context": len(ids), "target_context": context, "doc": d, "rep": rep,
-                           "mode": mode}
+                           "mode": mode, "cache_capacity": max_len}
                     try:
                         if mode == "transformers":
                             toks, tps = hf_generate(model, ids, args.new_tokens, max_len, params)
