@@ -1,14 +1,7 @@
 """Compile the accept kernels (the greedy walk, the sampled ones) for sm_90 on a machine without a GPU (triton's own ptxas):
 that the walk (fp64 reductions, a bitcast) and the bonus launches build for Hopper, with their
 registers and spills, before any device time is spent. usage: python scripts/compile_accept_sm90.py"""
-import os
-import re
-import subprocess
-import tempfile
-
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from sm90 import compile_sm90
 
 from ssv.ops.accept import kernels as K
 
@@ -30,17 +23,8 @@ CASES = [  # kernel, pointer / int arguments, constexprs, warps
 
 
 def main():
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for fn, args, const, warps in CASES:
-        order = list(fn.arg_names)
-        sig = {n: args.get(n, "constexpr") for n in order}
-        src = ASTSource(fn=fn, signature=sig, constexprs={(order.index(k),): v for k, v in {**const, "PDL": True}.items()})
-        cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cc.asm["cubin"])
-        use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        os.unlink(f.name)
-        reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", use).groups()
+        cc, (reg, stack, _) = compile_sm90(fn, args, {**const, "PDL": True}, warps)
         print(f"{fn.__name__:28s} warps {warps}  registers {reg}  stack {stack}  sass lines {cc.asm['sass'].count(chr(10)) if 'sass' in cc.asm else '-'}")
 
 

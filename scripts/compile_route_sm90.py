@@ -4,27 +4,15 @@ descriptors, and without its path-block branch. ncu on the H200 read 226 registe
 programs an SM for this launch (bench/results/route-s33/ncu-route-case0.txt).
 usage: python scripts/compile_route_sm90.py"""
 import os
-import re
-import subprocess
 import sys
 import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from sm90 import compile_sm90
 import ssv.ops.nsa.route_split_kernels as M
 
 
 def regs(fn, sig, const, warps=4):
-    order = list(fn.arg_names)
-    s = {n: sig.get(n, "constexpr") for n in order}
-    src = ASTSource(fn=fn, signature=s, constexprs={(order.index(k),): v for k, v in const.items()})
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cc.asm["cubin"])
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", use).groups()
+    return compile_sm90(fn, sig, const, warps)[1]
 
 
 def main():

@@ -101,7 +101,7 @@ def accept_sample_device(tree: DeviceTree, logits: torch.Tensor, params, coins: 
 def accept_sample_round(tree: DeviceTree, logits: torch.Tensor, params, coins: torch.Tensor, depth: int, top_k: int,
                         length: torch.Tensor, nxt: torch.Tensor, bonus: torch.Tensor) -> tuple:
     """`accept_sample_device` and the round's record (`round_record_naive`) written into the caller's
-    length [1], nxt [depth + 1] and bonus [1], as `accept_greedy_round`; on CUDA two launches after
+    length [1], nxt [depth + 1] and bonus [1], as `accept_greedy_round`; on CUDA four launches after
     the target's probabilities (`ssv.ops.accept`), where the tensor form is ~115 ops. Returns
     (path, rows) [depth + 1] each."""
     if logits.is_cuda:
