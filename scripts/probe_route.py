@@ -92,6 +92,10 @@ def main(out, against=None):
             forms.append(("two sweeps" if one else "one sweep", dict(fused=False, one_sweep=not one)))
         if "tma" in inspect.signature(route.nsa_route).parameters:   # key tiles through pointers, not descriptors
             forms.append(("pointers", dict(tma=False)))
+        if "path_launch" in inspect.signature(route.nsa_route).parameters and not fused:
+            apart = lp.path_launch   # the path blocks' programs in a launch of their own, or in the score launch
+            forms.append(("path in score" if apart else "path launch", dict(path_launch=not apart)))
+        note = " (path launch)" if getattr(lp, "path_launch", False) else ""
         for name, kw in forms:
             key = f"{shape} {T} {N} {name}"
             try:
@@ -101,16 +105,17 @@ def main(out, against=None):
                 continue
             idx, imp = (x.cpu() for x in run(**kw)[:2])
             sel[key] = idx
-            policy_form = "fused" if fused else ("split, one sweep" if one else "split")
+            same = None if name == "policy" else torch.equal(idx, sel[f"{shape} {T} {N} policy"])
+            policy_form = ("fused" if fused else ("split, one sweep" if one else "split")) + note
             row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
-                       form=policy_form if name == "policy" else name)
+                       form=policy_form if name == "policy" else name, idx_equal_policy=same)
             if key in base:
                 row.update(idx_equal_base=torch.equal(idx, base[key]),
                            idx_diff_rows=int((idx != base[key]).any(-1).sum()))
             rows.append(row)
             json.dump(dict(env=env, rows=rows), open(out, "w"), indent=1)
             torch.save(sel, os.path.splitext(out)[0] + ".pt")
-            print(f"{shape:13s} {T:6d} {N:3d} {name:7s} {us:7.1f} us  "
+            print(f"{shape:13s} {T:6d} {N:3d} {name:13s} {us:7.1f} us  same as policy {same}  "
                   f"{'' if key not in base else 'same as base ' + str(row['idx_equal_base'])}  {per}", flush=True)
 
 
