@@ -4,7 +4,8 @@ The launcher (kernels in route_kernels.py and route_split_kernels.py, launch pol
 Two forms:
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
-  split (long caches), flash-decoding style so that the keys spread over the whole GPU:
+  split (long caches), flash-decoding style so that the keys spread over the whole GPU (at long
+  sweeps the path-specific blocks' programs of launch 1 go first, `nsa_route_path_fwd_kernel`):
     1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states, the
        compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
        one-sweep form (rows up to ONE_SWEEP_MAX_BLOCKS selection blocks): also each head's sums per
