@@ -1,6 +1,8 @@
 """Where a graphed round's GPU time goes: the kernels of the AR step and of an ssv strict round (random
 weights of the default model's shape, 4K context), grouped by kernel name, per round; a table, and
-JSON in $OUT or bench/results. Run on a GPU from the repository root: python3 scripts/profile_round.py"""
+JSON in $OUT or bench/results. Run on a GPU from the repository root: python3 scripts/profile_round.py
+(MODES, CTX, CAP, ROUNDS: the modes, context, cache capacity and timed rounds; launch-policy
+constants patched first: python3 scripts/profile_round.py verify_policy.FOLD_MAX_SPLITS=64)"""
 import json, os, sys, time, torch
 sys.path.insert(0, ".")
 from torch.profiler import ProfilerActivity, profile
@@ -13,6 +15,11 @@ from ssv.engine.runner import Runner
 from ssv.engine.device_round import DeviceEngine
 from ssv.bench.e2e import mode_table
 from ssv.spec.tree import TreeSpec
+for patch in sys.argv[1:]:   # module.NAME=int of ssv.ops.nsa: a launch policy variant, named in the file
+    import importlib
+    name, val = patch.split("=")
+    mod, attr = name.rsplit(".", 1)
+    setattr(importlib.import_module(f"ssv.ops.nsa.{mod}"), attr, int(val))
 cfg = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n_layers=30, n_heads=9, n_kv_heads=3,
                   head_dim=64, max_seq_len=8192, tie_embeddings=True)
 m = random_model(cfg)
@@ -28,14 +35,14 @@ for att in ("nsa", "dense"):
     fill_cache(r, CTX, torch.Generator(device="cuda").manual_seed(0))
     engines[att] = (r, DeviceEngine(r, d))
     engines[att][1].start(7)
-res = {"env": environment(), "context": CTX, "capacity": CAP, "rounds": {}, "round_ms": {}}
+res = {"env": environment(), "context": CTX, "capacity": CAP, "rounds": {}, "round_ms": {}, "patches": sys.argv[1:]}
 for mode in MODES:
     att, opts = table[mode]
     r, eng = engines[att]
     step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
     for _ in range(3):
         step()
-    n = 10
+    n = int(os.environ.get("ROUNDS", "10"))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -62,7 +69,8 @@ for mode in MODES:
     for x in rows[:22]:
         print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
     r.cache.dlen.fill_(CTX); r.cache.length = CTX
-out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}.json")
+tag = "".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:])
+out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}{tag}.json")
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print("wrote", out)
