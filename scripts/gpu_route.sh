@@ -10,10 +10,10 @@ c=${SSV_COMMIT:-head}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
 [ -n "${NO_TESTS:-}" ] || timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_device_len.py \
     tests/ops/test_nsa_kernels.py -k "route" 2>&1 | tail -4 | tee "$OUTD/tests-route-$c.log"
-[ -n "${NO_PROBE:-}" ] || timeout ${PROBE_TIMEOUT:-300} python3 scripts/probe_route.py "$OUTD/probe-route-$c.json" 2>&1 | tail -70
+[ -n "${NO_PROBE:-}" ] || timeout ${PROBE_TIMEOUT:-300} python3 scripts/probe_route.py "$OUTD/probe-route-$c.json" ${PROBE_ARGS:-} 2>&1 | tail -70
 [ -n "${NO_NCU:-}" ] || {
-    timeout 240 ncu --clock-control none --set full --import-source yes -k regex:nsa_route -c ${NCU_KERNELS:-4} \
-        -o /tmp/route -f python3 scripts/sweep_route.py --ncu --case ${CASE:-0} > /tmp/ncu.log 2>&1; tail -3 /tmp/ncu.log
+    timeout 240 ncu --clock-control none --set full --import-source yes -k regex:nsa_route -c ${NCU_KERNELS:-3} \
+        -o /tmp/route -f python3 scripts/sweep_route.py /tmp/unused.json --ncu --case ${CASE:-0} > /tmp/ncu.log 2>&1; tail -3 /tmp/ncu.log
     ncu -i /tmp/route.ncu-rep > "$OUTD/ncu-route-$c.txt" 2>&1
     grep -E "^  [a-z_]+|Duration|Registers Per|Achieved Occ|Theoretical Occ|Warp Cycles Per Issued|Waves Per" "$OUTD/ncu-route-$c.txt"
     ncu -i /tmp/route.ncu-rep --page source --csv --print-source sass > /tmp/src.csv 2>&1

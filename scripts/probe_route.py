@@ -28,6 +28,7 @@ import ssv.ops.nsa.route as route
 from ssv.bench.kernels import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
+import ssv.ops.nsa.route_policy as pol
 from ssv.ops.nsa.route_policy import plan_route
 from ssv.ops.utils import sm_count
 
@@ -68,7 +69,8 @@ def timed(fn):
     return ms * 1e3, {k: round(v, 2) for k, v in per.items()}
 
 
-def main(out, against=None):
+def main(out, against=None, slot_tiles=(), cases=None):
+    slot0 = pol.SLOT_TILE
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)   # the CUDA inputs too: an A/B compares selections over the same tensors
     rows, sel = [], {}
@@ -76,7 +78,7 @@ def main(out, against=None):
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                date=datetime.date.today().isoformat(), commit=os.environ.get("SSV_COMMIT", "?"),
                package=os.path.dirname(route.__file__), path_block_launch=PATH_KEYS)
-    for shape, T, N in CASES:
+    for shape, T, N in (CASES if cases is None else [CASES[i] for i in cases]):
         q, kc, vc, nb, k, w, s0, npath, pos, cfg, mp, plen = case(shape, T, N, gen)
 
         def run(**kw):
@@ -92,11 +94,11 @@ def main(out, against=None):
             forms.append(("two sweeps" if one else "one sweep", dict(fused=False, one_sweep=not one)))
         if "tma" in inspect.signature(route.nsa_route).parameters:   # key tiles through pointers, not descriptors
             forms.append(("pointers", dict(tma=False)))
-        if "path_launch" in inspect.signature(route.nsa_route).parameters and not fused:
-            apart = lp.path_launch   # the path blocks' programs in a launch of their own, or in the score launch
-            forms.append(("path in score" if apart else "path launch", dict(path_launch=not apart)))
-        note = " (path launch)" if getattr(lp, "path_launch", False) else ""
+        if not fused:   # the path blocks' slot tiles (route_policy.SLOT_TILE) of other sizes
+            forms += [(f"slots {sb}", dict(slot_tile=sb)) for sb in slot_tiles]
         for name, kw in forms:
+            kw = dict(kw)
+            pol.SLOT_TILE = kw.pop("slot_tile", slot0)
             key = f"{shape} {T} {N} {name}"
             try:
                 us, per = timed(lambda: run(**kw))
@@ -106,7 +108,7 @@ def main(out, against=None):
             idx, imp = (x.cpu() for x in run(**kw)[:2])
             sel[key] = idx
             same = None if name == "policy" else torch.equal(idx, sel[f"{shape} {T} {N} policy"])
-            policy_form = ("fused" if fused else ("split, one sweep" if one else "split")) + note
+            policy_form = "fused" if fused else ("split, one sweep" if one else "split")
             row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
                        form=policy_form if name == "policy" else name, idx_equal_policy=same)
             if key in base:
@@ -123,5 +125,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="probe-route.json")
     ap.add_argument("--against", help="another run's OUT.pt: compare selections with it")
+    ap.add_argument("--slot-tiles", type=int, nargs="*", default=[], help="also these path-block slot tiles")
+    ap.add_argument("--cases", type=int, nargs="*", help="indices into CASES (default: all)")
     a = ap.parse_args()
-    main(a.out, a.against)
+    main(a.out, a.against, a.slot_tiles, a.cases)

@@ -280,8 +280,8 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
                                   "fused"])
 def test_route_matches_reference(case, dtype, form, monkeypatch):
     """Every launch form: the split ones (KV splits, then a merging top-n launch, or an importance
-    sweep and a top-n launch; the path blocks' programs in the score launch or in one of their own)
-    and the fused one; the top-n of short rows (bitonic) and of long ones (bisection)."""
+    sweep and a top-n launch) and the fused one; the top-n of short rows (bitonic) and of long
+    ones (bisection)."""
     import ssv.ops.nsa.route_policy as policy
     if "bisection" in form:
         monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)
@@ -290,7 +290,6 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
     tma = (seed + len(form)) % 2 == 0   # the tiles through descriptors or pointers, each form both ways
-    path_launch = None if fused else seed % 2 == 0   # the path blocks' programs apart or in the score launch
     cfg = NSAConfig(**{**CFG, **over})
     q, k, v, pos, mask, _ = make_case(seed, P, N, hkv, G, D, dtype, cfg)
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
@@ -302,7 +301,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
     idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV),
                                      v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                     n_split=split, fused=fused, tma=tma, path_launch=path_launch)
+                                     n_split=split, fused=fused, tma=tma)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)
@@ -327,10 +326,10 @@ def test_route_without_path_blocks_matches_reference():
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
     nb = num_cmp_blocks(P, cfg)
     kc, vc = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
-    for fused, apart in ((False, False), (False, True), (True, None)):
+    for fused in (False, True):
         idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(DTYPES[0]).to(DEV), vc.to(DTYPES[0]).to(DEV), nb, k.to(DEV),
                                          v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                         fused=fused, path_launch=apart)
+                                         fused=fused)
         assert torch.equal(idx.cpu().long(), select_blocks(imp.cpu(), pos, cfg))
         assert_lse(lse.cpu(), ref.lse_cmp, 50 * tol(DTYPES[0]))
         assert rel_err(o_cmp, ref.o_cmp) < tol(DTYPES[0])

@@ -4,8 +4,7 @@ The launcher (kernels in route_kernels.py and route_split_kernels.py, launch pol
 Two forms:
   fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
     selection block's importance and the top-n of the program's queries;
-  split (long caches), flash-decoding style so that the keys spread over the whole GPU (at long
-  sweeps the path-specific blocks' programs of launch 1 go first, `nsa_route_path_fwd_kernel`):
+  split (long caches), flash-decoding style so that the keys spread over the whole GPU:
     1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states, the
        compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
        one-sweep form (rows up to ONE_SWEEP_MAX_BLOCKS selection blocks): also each head's sums per
@@ -29,8 +28,7 @@ import torch
 from ssv.config import NSAConfig
 from ssv.ops.nsa.route_kernels import nsa_route_fused_fwd_kernel
 from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route_merge_topk_fwd_kernel,
-                                             nsa_route_path_fwd_kernel, nsa_route_score_fwd_kernel,
-                                             nsa_route_topk_fwd_kernel)
+                                             nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.pdl import pdl_args
 from ssv.ops.utils import pow2, sm_count, tma_aligned
@@ -40,7 +38,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None,
-              one_sweep: Optional[bool] = None, tma: Optional[bool] = None, path_launch: Optional[bool] = None):
+              one_sweep: Optional[bool] = None, tma: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -50,8 +48,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
-    fused / one_sweep / n_split / max_rows / path_launch: the launch form (route_policy.plan_route
-    decides when None).
+    fused / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
     tma: the compressed key / value tiles through tensor descriptors (default: in the split form on
     Hopper or newer, where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the
     interpreter).
@@ -78,8 +75,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep,
-                    path_launch)
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep)
     r, a, sb = lp.r, lp.a, lp.sb
     nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
@@ -117,18 +113,11 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     a_part = torch.empty(nst, n, hq, d, **f32) if want_o else m_part
     sp = torch.empty(n, hq, nbpp, **f32)   # the path blocks' raw scores, launch 1 to launch 2
     grid = (lp.n_groups, hkv, nst)
-    apart = lp.path_launch and nbp > 0
-    if apart:   # the path blocks' splits first, in a launch of their own
-        nsa_route_path_fwd_kernel[(lp.n_groups, hkv, nbp)](
-            q, k, v, wc, s0_t, npath, sp, m_part, l_part, a_part, n, lp.n_split, n_slots, k.shape[1], float(scale),
-            q.stride(0), q.stride(1), *pst, hq, G=g, CR=lp.cr, BM=lp.bm, D=d, WANT_O=want_o, GP=lp.gp, SB=sb,
-            NBPP=nbpp, **pk, num_warps=4)
-    sgrid = (lp.n_groups, hkv, lp.n_split) if apart else grid
     if not lp.one_sweep:
-        nsa_route_score_fwd_kernel[sgrid](
+        nsa_route_score_fwd_kernel[grid](
             q, k_cmp, v_cmp, kd, vd, *cache, sp, m_part, l_part, a_part, imp, tail, lse, n, nbp, lp.n_split, nbs, n_slots,
             k.shape[1], float(scale), *kst, *pst, hq, 0, 0, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=False,
-            PATH=not apart, **pk, num_warps=4)
+            **pk, num_warps=4)
         nsa_route_imp_fwd_kernel[grid](
             q, k_cmp, kd, npath, nbpre_t, sp, m_part, l_part, a_part, imp, tail, pp, o_cmp, lse, n, nbs, lp.n_split,
             float(scale), *kst, hq, *ist, R=r, A=a, **rows, NBPP=nbpp, NSP=pow2(nst, 2), **pk,
@@ -141,10 +130,10 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h
     mt = torch.empty(n, hq, -(-max(nbpre, 1) // lp.bc), **f32)
     hst = (own_h.stride(1), mt.stride(1))
-    nsa_route_score_fwd_kernel[sgrid](
+    nsa_route_score_fwd_kernel[grid](
         q, k_cmp, v_cmp, kd, vd, *cache, sp, m_part, l_part, a_part, own_h, tail_h, mt, n, nbp, lp.n_split, nbs, n_slots,
-        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True,
-        PATH=not apart, **pk, num_warps=4)
+        k.shape[1], float(scale), *kst, *pst, hq, *hst, **rows, R=r, A=a, SB=sb, NBPP=nbpp, SUMS=True, **pk,
+        num_warps=4)
     nsa_route_merge_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
         own_h, tail_h, mt, sp, m_part, l_part, a_part, imp, tail, pp, npath, nbpre_t, pos, idx, o_cmp, lse,
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,

@@ -31,10 +31,6 @@ TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
 ONE_SWEEP_MAX_BLOCKS = 1024
 SLOT_TILE = 128    # the step's slots per tile of the path blocks' scores (64, 32: within 2 us, route-v4)
 MAX_SELECTION_BLOCKS = 8192
-# the path blocks' programs in a launch of their own once each compressed split sweeps this many
-# tiles: their [BM, SB] slot tiles set every score program's registers (255 against 90, sm_90, Llama
-# 64K / 64), which caps the long sweep at 2 programs an SM; short sweeps save less than a launch
-PATH_LAUNCH_MIN_TILES = 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,6 @@ class RouteLaunch:
     one_sweep: bool     # split form: one sweep of the keys (score + merging top-n) or two (+ imp)
     nselp: int
     sb: int        # slots per tile of the path blocks' scores
-    path_launch: bool   # split form: the path blocks' programs in a launch of their own
 
 
 def check_blocks(cfg: NSAConfig) -> tuple:
@@ -78,7 +73,7 @@ def path_window(nbpp: int, r: int, a: int) -> int:
 
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
                n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0,
-               one_sweep: Optional[bool] = None, path_launch: Optional[bool] = None) -> RouteLaunch:
+               one_sweep: Optional[bool] = None) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
     lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
     blocks average."""
@@ -111,7 +106,5 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
     one = not fused and (bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep)
-    if path_launch is None:
-        path_launch = triton.cdiv(max(nb_cap, 1), bc) >= PATH_LAUNCH_MIN_TILES * n_split
     return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
-                       pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)), not fused and path_launch)
+                       pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)))

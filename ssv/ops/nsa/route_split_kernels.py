@@ -81,16 +81,14 @@ def nsa_route_score_fwd_kernel(
     s_qn, s_qh, s_kh, s_kb, s_ch, s_kt, s_wn, s_wb, HQ, s_on, s_mn,
     G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     WANT_O: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, A: tl.constexpr, SB: tl.constexpr,
-    NBPP: tl.constexpr, SUMS: tl.constexpr, TMA: tl.constexpr, PATH: tl.constexpr = True,
+    NBPP: tl.constexpr, SUMS: tl.constexpr, TMA: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    # split launch 1, grid (query groups, Hkv, NCS + NBP, or NCS without PATH): splits i_s < NCS take a
-    # range of the committed compression blocks in whole BC tiles: partial softmax states and, when
-    # SUMS (the one-sweep form), per head each selection block's sums against its tile's max; split
-    # NCS + b the path-specific block b of every row (its raw score kept in sp): its own program, so
-    # the path blocks' slot products run beside the compressed sweep, not after it. Without PATH
-    # those programs are `nsa_route_path_fwd_kernel`'s: their [BM, SB] slot tiles set the registers
-    # of every program of a launch (255 against 90 compiled for sm_90 at Llama 64K / 64)
+    # split launch 1, grid (query groups, Hkv, NCS + NBP): splits i_s < NCS take a range of the
+    # committed compression blocks in whole BC tiles: partial softmax states and, when SUMS (the
+    # one-sweep form), per head each selection block's sums against its tile's max; split NCS + b
+    # the path-specific block b of every row (its raw score kept in sp): its own program, so the
+    # path blocks' slot products run beside the compressed sweep, not after it
     pdl_prologue(PDL)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
@@ -110,57 +108,20 @@ def nsa_route_score_fwd_kernel(
             b_m, b_l, b_a = _lse_range(b_q, kc + i_h * s_kh, vc + i_h * s_kh, kd, vd, i_h, i_lo,
                                        tl.minimum(i_lo + BPS, NBPRE), o_d, s_kb, b_m, b_l, b_a, BC, D, WANT_O, TMA)
     else:
-        if PATH:
-            b_m, b_l, b_a = _path_split(b_q, k + i_h * s_ch, v + i_h * s_ch, w, s0p, npath, sp, o_qi, m_r, o_hq, o_d,
-                                        S, L, i_s - NCS, HQ, s_kt, s_wn, s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
-    _store_part(m_out, l_out, a_out, i_s, N, HQ, o_qi, o_hq, m_r, o_d, b_m, b_l, b_a, D, WANT_O)
-
-
-@triton.jit
-def _path_split(b_q, k, v, w, s0p, npath, sp, o_qi, m_r, o_hq, o_d, S, L, b, HQ, s_kt, s_wn, s_wb, b_m, b_l, b_a,
-                BM: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr, WANT_O: tl.constexpr):
-    # the path-specific block b of every row: its softmax state, its raw score kept in sp [N, Hq, NBPP]
-    S0 = tl.load(s0p)
-    b_sp = _path_scores(b_q, k, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, BM, SB, NBPP)
-    m_b = _path_mask(npath, o_qi, m_r, b, b + 1, NBPP)
-    b_m, b_l, b_a = _lse_path(b_sp, m_b, v, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, b_m, b_l, b_a,
-                              BM, SB, NBPP, WANT_O)
-    o_b = tl.arange(0, NBPP)
-    tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None] & (o_b == b)[None, :])
-    return b_m, b_l, b_a
-
-
-@triton.jit
-def _store_part(m_out, l_out, a_out, i_s, N, HQ, o_qi, o_hq, m_r, o_d, b_m, b_l, b_a, D: tl.constexpr,
-                WANT_O: tl.constexpr):
-    # split i_s's partial softmax state of its rows: m_out / l_out [splits, N, Hq], a_out [.., D]
+        b = i_s - NCS
+        S0 = tl.load(s0p)
+        b_sp = _path_scores(b_q, k + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn, s_wb, BM, SB,
+                            NBPP)
+        m_b = _path_mask(npath, o_qi, m_r, b, b + 1, NBPP)
+        b_m, b_l, b_a = _lse_path(b_sp, m_b, v + i_h * s_ch, w, S0, o_qi, m_r, o_d, S, L, b, b + 1, s_kt, s_wn,
+                                  s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
+        o_b = tl.arange(0, NBPP)
+        tl.store(sp + (o_qi * HQ + o_hq)[:, None] * NBPP + o_b[None, :], b_sp, mask=m_r[:, None] & (o_b == b)[None, :])
     p_part = (i_s * N + o_qi) * HQ + o_hq
     tl.store(m_out + p_part, b_m, mask=m_r)
     tl.store(l_out + p_part, b_l, mask=m_r)
     if WANT_O:
         tl.store(a_out + p_part[:, None] * D + o_d[None, :], b_a, mask=m_r[:, None])
-
-
-@triton.jit
-def nsa_route_path_fwd_kernel(
-    q, k, v, w, s0p, npath, sp, m_out, l_out, a_out,
-    N, NCS, S, L, scale,
-    s_qn, s_qh, s_ch, s_kt, s_wn, s_wb, HQ,
-    G: tl.constexpr, CR: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, WANT_O: tl.constexpr,
-    GP: tl.constexpr, SB: tl.constexpr, NBPP: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    # split launch 0 at long contexts, grid (query groups, Hkv, NBP): the score launch's path-block
-    # programs (split NCS + b) on their own, so that the compressed sweep's programs keep few registers
-    pdl_prologue(PDL)
-    i_g, i_h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
-    b_m = tl.full([BM], float("-inf"), tl.float32)
-    b_l = tl.zeros([BM], tl.float32)
-    b_a = tl.zeros([BM, D], tl.float32)
-    b_m, b_l, b_a = _path_split(b_q, k + i_h * s_ch, v + i_h * s_ch, w, s0p, npath, sp, o_qi, m_r, o_hq, o_d, S, L,
-                                b, HQ, s_kt, s_wn, s_wb, b_m, b_l, b_a, BM, SB, NBPP, WANT_O)
-    _store_part(m_out, l_out, a_out, NCS + b, N, HQ, o_qi, o_hq, m_r, o_d, b_m, b_l, b_a, D, WANT_O)
 
 
 @triton.jit
