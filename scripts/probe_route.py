@@ -1,5 +1,5 @@
 """Routing's time on the H200 for the shapes of a graphed round (the device plan's path weights, N // d + 1
-path blocks), the policy's form and the others (fused or split; one sweep or two): each variant
+path blocks), the policy's form and the others (one sweep or two; fused or split before session 35): each variant
 replayed from a CUDA graph, each launch's device time (torch.profiler over eager calls). Prints a
 table, writes OUT.json and the selections to OUT.pt.
 
@@ -89,10 +89,13 @@ def main(out, against=None, slot_tiles=(), cases=None):
             return route.nsa_route(q, kc, vc, nb, k, k, w, s0, npath, pos, cfg, max_pos=mp, **kw)
         hq, hkv = SHAPES[shape][:2]
         lp = plan_route(N, hq, hkv, nb, mp // cfg.slc_block + 1, cfg, sm_count(q.device))
-        fused, one = lp.fused, getattr(lp, "one_sweep", False)
-        forms = [("policy", {}), ("split" if fused else "fused", dict(fused=not fused))]
+        fused, one = getattr(lp, "fused", False), getattr(lp, "one_sweep", False)
+        forms = [("policy", {})]
+        if hasattr(lp, "fused"):   # packages before session 35 held a fused form too
+            forms.append(("split" if fused else "fused", dict(fused=not fused)))
         if hasattr(lp, "one_sweep"):   # packages from routing v5 on: the other split form too
-            forms.append(("two sweeps" if one else "one sweep", dict(fused=False, one_sweep=not one)))
+            forms.append(("two sweeps" if one else "one sweep", dict(one_sweep=not one, **(
+                {"fused": False} if hasattr(lp, "fused") else {}))))
         if "tma" in inspect.signature(route.nsa_route).parameters:   # key tiles through pointers, not descriptors
             forms.append(("pointers", dict(tma=False)))
         if not fused:   # the path blocks' slot tiles (route_policy.SLOT_TILE) of other sizes

@@ -20,7 +20,7 @@ import ssv.ops.nsa.route as route  # noqa: E402
 import ssv.ops.nsa.route_policy as policy  # noqa: E402
 
 KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_imp_fwd_kernel", "nsa_route_topk_fwd_kernel",
-           "nsa_route_merge_topk_fwd_kernel", "nsa_route_fused_fwd_kernel")
+           "nsa_route_merge_topk_fwd_kernel")
 ORIG = {k: getattr(route, k) for k in KERNELS}
 COMPILED = {}
 
@@ -43,8 +43,7 @@ class Override:
 
 def variant(score=None, topk=None, topk_elems=None, slot_tile=None, imp=None):
     for name, o in (("nsa_route_score_fwd_kernel", score), ("nsa_route_imp_fwd_kernel", imp),
-                    ("nsa_route_topk_fwd_kernel", topk), ("nsa_route_merge_topk_fwd_kernel", topk),
-                    ("nsa_route_fused_fwd_kernel", None)):
+                    ("nsa_route_topk_fwd_kernel", topk), ("nsa_route_merge_topk_fwd_kernel", topk)):
         setattr(route, name, Override(name, **(o or {})))
     policy.TOPK_ELEMS = topk_elems or 512
     policy.SLOT_TILE = slot_tile or 128
@@ -62,8 +61,7 @@ VARIANTS = [("policy", {}, {})] + [(f"topk {w} warps", {}, dict(topk=dict(num_wa
 SHORT = [("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48), ("smollm2-135m", 4096, 48),
          ("smollm2-135m", 1024, 1), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 4096, 64),
          ("smollm2-135m", 4096, 16), ("smollm2-135m", 8192, 48), ("smollm2-135m", 8192, 1), ("llama3.1-8b", 8192, 64)]
-FORMS = [("fused", dict(fused=True), {}), ("split", dict(fused=False), {}),
-         ("split sb64", dict(fused=False), dict(slot_tile=64)), ("split sb32", dict(fused=False), dict(slot_tile=32))]
+FORMS = [("split", {}, {}), ("split sb64", {}, dict(slot_tile=64)), ("split sb32", {}, dict(slot_tile=32))]
 
 
 def ncu_run(i=0):

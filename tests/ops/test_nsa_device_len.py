@@ -35,9 +35,9 @@ def _case(seed, P, N, hkv, G, D, dtype, extra=40):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("one_sweep", [True, False])
 @pytest.mark.parametrize("tma", [False, True])
-def test_device_length_route_and_verify_match_reference(case, fused, tma):
+def test_device_length_route_and_verify_match_reference(case, one_sweep, tma):
     seed, P, N, hkv, G, D, C, over = case
     cfg = NSAConfig(**{**CFG, **over})
     dtype = DTYPES[0]
@@ -62,7 +62,7 @@ def test_device_length_route_and_verify_match_reference(case, fused, tma):
         assert rel_err(kp[i, :, :m], hkp[i, :, :m]) < 1e-5 if m else True
     nbpre = torch.tensor([nb], dtype=torch.int32, device=DEV)
     idx, _, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV), v.to(DEV),
-                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, fused=fused, tma=tma,
+                               w, s0, npath, pos.to(DEV), cfg, max_pos=k.shape[1] - 1, one_sweep=one_sweep, tma=tma,
                                want_o=True)
     assert torch.equal(idx.cpu().long(), ref.block_indices)
     assert not lse.isnan().any() and not o_cmp.isnan().any()
@@ -72,9 +72,9 @@ def test_device_length_route_and_verify_match_reference(case, fused, tma):
     assert rel_err(o, ref.o) < tol(dtype)
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("one_sweep", [True, False])
 @pytest.mark.parametrize("want_o", [False, True])
-def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(fused, want_o):
+def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(one_sweep, want_o):
     """The device plan's path weights span l + N slots from s0, past the step's last one while P - s0 < l:
     NaN there (and in the step's slots no query's path holds) leaves the routing's output unchanged."""
     seed, P, N, hkv, G, D = 5, 150, 7, 2, 3, 16
@@ -96,7 +96,7 @@ def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(fused, want_o):
             sl = int(s0) + torch.nonzero(unused[: P + N - int(s0)]).flatten()
             kk[:, sl], vv[:, sl] = float("nan"), float("nan")
         outs.append(nsa_route(q.to(DEV), kc.to(DEV), vc.to(DEV), nbpre, kk.to(DEV), vv.to(DEV), w, s0, npath,
-                              pos.to(DEV), cfg, want_o=want_o, max_pos=k.shape[1] - 1, fused=fused))
+                              pos.to(DEV), cfg, want_o=want_o, max_pos=k.shape[1] - 1, one_sweep=one_sweep))
     for a, b in zip(*outs):
         if a is not None:
             assert not b.float().isnan().any() and torch.equal(a, b)

@@ -276,18 +276,15 @@ def test_verify_repeated_block_in_one_list_counts_once(C):
     (6, 300, 6, 1, 2, 16, 2, dict(cmp_block=24, cmp_stride=8, slc_block=16, n_select=6)),  # A - 1 = R
     (7, 1100, 5, 1, 2, 16, 2, {}),   # 5 tiles of 64 compression blocks over 2 splits: several tile maxima a program
 ])
-@pytest.mark.parametrize("form", ["split", "split, bisection", "split, two sweeps", "split, two sweeps, bisection",
-                                  "fused"])
+@pytest.mark.parametrize("form", ["split", "split, bisection", "split, two sweeps", "split, two sweeps, bisection"])
 def test_route_matches_reference(case, dtype, form, monkeypatch):
-    """Every launch form: the split ones (KV splits, then a merging top-n launch, or an importance
-    sweep and a top-n launch) and the fused one; the top-n of short rows (bitonic) and of long
-    ones (bisection)."""
+    """Every launch form (KV splits, then a merging top-n launch, or an importance sweep and a top-n
+    launch); the top-n of short rows (bitonic) and of long ones (bisection)."""
     import ssv.ops.nsa.route_policy as policy
     if "bisection" in form:
         monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)
     if "two sweeps" in form:
         monkeypatch.setattr(policy, "ONE_SWEEP_MAX_BLOCKS", 0)
-    fused = form == "fused"
     seed, P, N, hkv, G, D, split, over = case
     tma = (seed + len(form)) % 2 == 0   # the tiles through descriptors or pointers, each form both ways
     cfg = NSAConfig(**{**CFG, **over})
@@ -301,7 +298,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
     w, s0, npath = path_block_weights(P, pos, mask, cfg)
     idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(dtype).to(DEV), vc.to(dtype).to(DEV), nbpre, k.to(DEV),
                                      v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                     n_split=split, fused=fused, tma=tma)
+                                     n_split=split, tma=tma)
     idx, imp, lse, o_cmp = idx.cpu().long(), imp.cpu(), lse.cpu(), o_cmp.cpu()
     cand = torch.isfinite(ref.importance)
     assert torch.equal(torch.isfinite(imp), cand)
@@ -317,7 +314,7 @@ def test_route_matches_reference(case, dtype, form, monkeypatch):
 
 def test_route_without_path_blocks_matches_reference():
     """A step whose queries complete no path-specific block (host weights [N, 0, S]): routing over the
-    committed blocks alone, in both forms."""
+    committed blocks alone, with one sweep of the keys and with two."""
     cfg = NSAConfig(**{**CFG, **dict(cmp_block=32, cmp_stride=16)})
     P, N = 96, 9
     q, k, v, pos, mask, _ = make_case(3, P, N, 2, 2, 16, DTYPES[0], cfg)
@@ -326,18 +323,18 @@ def test_route_without_path_blocks_matches_reference():
     ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
     nb = num_cmp_blocks(P, cfg)
     kc, vc = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
-    for fused in (False, True):
+    for one_sweep in (True, False):
         idx, imp, lse, o_cmp = nsa_route(q.to(DEV), kc.to(DTYPES[0]).to(DEV), vc.to(DTYPES[0]).to(DEV), nb, k.to(DEV),
                                          v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, want_o=True,
-                                         fused=fused)
+                                         one_sweep=one_sweep)
         assert torch.equal(idx.cpu().long(), select_blocks(imp.cpu(), pos, cfg))
         assert_lse(lse.cpu(), ref.lse_cmp, 50 * tol(DTYPES[0]))
         assert rel_err(o_cmp, ref.o_cmp) < tol(DTYPES[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if CUDA else []))
-@pytest.mark.parametrize("fused", [False, True])
-def test_route_scores_a_path_block_near_its_committed_twin(dtype, fused):
+@pytest.mark.parametrize("one_sweep", [True, False])
+def test_route_scores_a_path_block_near_its_committed_twin(dtype, one_sweep):
     """On a half-precision cache the AR step at position t reads a block committed (kept in the cache's
     dtype), while a tree node at t scores it as a path-specific block in fp32 (a weighted sum of its
     slots' scores, never rounded). The two differ by the cache dtype's rounding of one key, no more:
@@ -361,7 +358,7 @@ def test_route_scores_a_path_block_near_its_committed_twin(dtype, fused):
         w, s0, npath = path_block_weights(P, pos, mask, cfg)
         qq = torch.cat([torch.zeros(n - 1, hkv * G, D, dtype=dtype), q])
         idx, imp, _, _ = nsa_route(qq.to(DEV), kc.to(DEV), vc.to(DEV), nb, k.to(DEV), v.to(DEV), w.to(DEV), s0,
-                                   npath.to(DEV), pos.to(DEV), cfg, fused=fused)
+                                   npath.to(DEV), pos.to(DEV), cfg, one_sweep=one_sweep)
         return idx[-1].cpu(), imp[-1].cpu(), int(npath[-1])
     idx_ar, imp_ar, np_ar = route(t, 1)
     idx_tree, imp_tree, np_tree = route(t - m, m + 1)

@@ -85,14 +85,15 @@ def test_route_refuses_block_shapes_the_kernels_cannot_sum():
 
 def test_plan_route_sweeps_once_up_to_its_row_width():
     """One sweep (per-head sums, merged by the top-n launch) for rows up to ONE_SWEEP_MAX_BLOCKS
-    selection blocks, two past them (measured: the per-head sums' traffic grows with the row); the
-    fused form never; an explicit choice wins."""
+    selection blocks, two past them (measured: the per-head sums' traffic grows with the row), short
+    caches included; an explicit choice wins."""
     from ssv.ops.nsa.route_policy import ONE_SWEEP_MAX_BLOCKS, plan_route
     cfg = NSAConfig()
     nb = 4096   # a long cache: the split form
     short = plan_route(64, 32, 8, nb, ONE_SWEEP_MAX_BLOCKS, cfg, 132)
     wide = plan_route(64, 32, 8, nb, ONE_SWEEP_MAX_BLOCKS + 1, cfg, 132)
-    assert not short.fused and short.one_sweep and short.bj <= ONE_SWEEP_MAX_BLOCKS
-    assert not wide.fused and not wide.one_sweep
+    assert short.one_sweep and short.bj <= ONE_SWEEP_MAX_BLOCKS
+    assert not wide.one_sweep
     assert plan_route(64, 32, 8, nb, ONE_SWEEP_MAX_BLOCKS + 1, cfg, 132, one_sweep=True).one_sweep
-    assert not plan_route(1, 9, 3, 64, 65, cfg, 132).one_sweep   # fused: one launch, no split form
+    tiny = plan_route(1, 9, 3, 8, 2, cfg, 132)   # a short cache: one sweep, one split a 64-block tile
+    assert tiny.one_sweep and tiny.n_split == 1

@@ -1,10 +1,8 @@
 """NSA routing for a batch of verification queries: compressed attention, importance, top-n.
 
 The launcher (kernels in route_kernels.py and route_split_kernels.py, launch policy in route_policy.py).
-Two forms:
-  fused (short caches): one launch, grid (query group, KV head): the compressed softmax, each
-    selection block's importance and the top-n of the program's queries;
-  split (long caches), flash-decoding style so that the keys spread over the whole GPU:
+Flash-decoding style, so that the keys spread over the whole GPU (a one-launch form for short
+caches was measured slower and deleted: route_policy.py):
     1. `nsa_route_score_fwd_kernel` (query group, KV head, split): partial softmax states, the
        compressed blocks' splits and then one a path-specific block (scored from the cache's slots);
        one-sweep form (rows up to ONE_SWEEP_MAX_BLOCKS selection blocks): also each head's sums per
@@ -17,7 +15,7 @@ Two forms:
        importance of a range of whole selection blocks from a second sweep of the keys;
     3. `nsa_route_topk_fwd_kernel` (query chunk, KV head): path-specific blocks, candidates, forced
        blocks, top-n.
-Both read the prefix length from device memory when it is given as a tensor.
+The launches read the prefix length from device memory when it is given as a tensor.
 """
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ from typing import Optional
 import torch
 
 from ssv.config import NSAConfig
-from ssv.ops.nsa.route_kernels import nsa_route_fused_fwd_kernel
 from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route_merge_topk_fwd_kernel,
                                              nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
@@ -37,8 +34,8 @@ from ssv.ops.utils import pow2, sm_count, tma_aligned
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
-              n_split: Optional[int] = None, max_pos: Optional[int] = None, fused: Optional[bool] = None,
-              one_sweep: Optional[bool] = None, tma: Optional[bool] = None):
+              n_split: Optional[int] = None, max_pos: Optional[int] = None, one_sweep: Optional[bool] = None,
+              tma: Optional[bool] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -48,9 +45,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
-    fused / one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
-    tma: the compressed key / value tiles through tensor descriptors (default: in the split form on
-    Hopper or newer, where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the
+    one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    tma: the compressed key / value tiles through tensor descriptors (default: on Hopper or newer, where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the
     interpreter).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
@@ -75,7 +71,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, fused, n_slots, one_sweep)
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, n_slots, one_sweep)
     r, a, sb = lp.r, lp.a, lp.sb
     nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
@@ -88,10 +84,9 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     idx = torch.empty(n, hkv, cfg.n_select, device=dev, dtype=torch.int32)
     lse = torch.empty(n, hq, **f32)
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
-    # descriptors by default in the split launches (H200, route-s33: 64K/64 score + imp 35.4 -> 33.5 us,
-    # 128K 57.8 -> 52.7; within 0.2 us at the default model's shapes), not in the fused one (1K / 2K,
-    # one query: 5.22 -> 5.38 and 6.61 -> 6.77 us)
-    kd, vd, tma = _cmp_descriptors(k_cmp, v_cmp, lp.bc, (False if lp.fused else None) if tma is None else tma)
+    # descriptors by default (H200, route-s33: 64K/64 score + imp 35.4 -> 33.5 us, 128K 57.8 -> 52.7;
+    # within 0.2 us at the default model's shapes)
+    kd, vd, tma = _cmp_descriptors(k_cmp, v_cmp, lp.bc, tma)
     rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp, TMA=tma)
     top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
                FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NW=path_window(nbpp, r, a))
@@ -101,12 +96,6 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     ist = (imp.stride(0), imp.stride(1), pp.stride(0), pp.stride(1))
     xst = (idx.stride(0), idx.stride(1))
     pk = pdl_args(q.device)   # programmatic dependent launch on Hopper (ssv/ops/pdl.py)
-    if lp.fused:
-        nsa_route_fused_fwd_kernel[(lp.n_groups, hkv)](
-            q, k_cmp, v_cmp, kd, vd, *cache, pos, imp, tail, pp, idx, o_cmp, lse, n, nbp, nbs, n_slots, k.shape[1],
-            float(scale), *kst, *pst, hq, *ist, *xst, R=r, A=a, QC=lp.qc, **rows, **top, SB=sb, NBPP=nbpp,
-            **pk, num_warps=4)
-        return idx, imp, lse, (o_cmp if want_o else None)
     nst = lp.n_split + nbp   # the compressed sweep's splits, then one a path block
     m_part = torch.empty(nst, n, hq, **f32)
     l_part = torch.empty(nst, n, hq, **f32)

@@ -1,4 +1,4 @@
-"""Launch policy of NSA routing: rows per program, fused or split, KV splits, tiles, top-n chunks.
+"""Launch policy of NSA routing: rows per program, one sweep or two, KV splits, tiles, top-n chunks.
 
 Decided from shapes and the cache's capacity only (never the context length of a step), so a
 captured graph replays the same launches at any length.
@@ -13,12 +13,10 @@ import triton
 from ssv.config import NSAConfig
 from ssv.ops.utils import pow2
 
-# Measured on the H200 (bench/NOTES.md, "Routing v4"; bench/results/route-v4/): the fused launch
-# sweeps the cache in one program per (query group, KV head); since the split launches' merge and
-# top-n got cheaper it is faster only for a few queries over a short cache (SmolLM2, one query: 7.6
-# against 9.2 us at 1K, 11.7 against 9.3 at 4K; 48 queries: 13.2 against 12.7 at 1K)
-FUSED_MAX_BLOCKS = 128
-FUSED_MAX_ROWS = 16
+# A fused form (one launch a (query group, KV head) for short caches) was deleted in session 35: on
+# the H100 and the H200 the split launches beat it at every short case measured (SmolLM2, 1 to 4
+# queries, 256 to 2K tokens: 6.1-6.8 against 6.2-8.7 us; bench/results/route-s35/)
+
 # top-n: a bitonic top-k on short rows (2.8-5.4 us at 64-128 blocks against 8.6-9.8 by bisection),
 # bisection on long ones (21 us at 1,024 blocks against 51; 39 against 264 at 2,048)
 SORTED_MAX_BLOCKS = 256
@@ -35,20 +33,19 @@ MAX_SELECTION_BLOCKS = 8192
 
 @dataclass(frozen=True)
 class RouteLaunch:
-    fused: bool
     r: int         # compression-block starts per selection block (check_blocks)
     a: int         # strides a compression block spans
     gp: int        # the GQA group's heads padded to a power of two
     cr: int        # queries per program, a power of two (rows bm = cr * gp)
     bm: int
     n_groups: int
-    n_split: int   # KV splits of the split launches (1 when fused)
+    n_split: int   # KV splits of the score launch
     bc: int        # compression blocks per tile (a whole number of selection blocks)
     bj: int        # selection blocks per top-n row, a power of two
     qc: int        # queries per top-n tile
     topk_warps: int
     sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
-    one_sweep: bool     # split form: one sweep of the keys (score + merging top-n) or two (+ imp)
+    one_sweep: bool     # one sweep of the keys (score + merging top-n) or two (+ imp)
     nselp: int
     sb: int        # slots per tile of the path blocks' scores
 
@@ -72,8 +69,7 @@ def path_window(nbpp: int, r: int, a: int) -> int:
 
 
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
-               n_split: Optional[int] = None, fused: Optional[bool] = None, n_slots: int = 0,
-               one_sweep: Optional[bool] = None) -> RouteLaunch:
+               n_split: Optional[int] = None, n_slots: int = 0, one_sweep: Optional[bool] = None) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
     lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
     blocks average."""
@@ -82,9 +78,6 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     r, a = check_blocks(cfg)
     g = hq // hkv
     gp = pow2(g, 1)
-    fused = nb_cap <= FUSED_MAX_BLOCKS and n * gp <= FUSED_MAX_ROWS if fused is None else fused
-    if fused:
-        max_rows = min(max_rows, FUSED_MAX_ROWS)
     per = max(1, max_rows // gp)
     cr = min(pow2(n, 1), 1 << (per.bit_length() - 1))   # queries: a power of two, rows <= max_rows
     bm = max(16, cr * gp)                                 # tl.dot's smallest M
@@ -92,19 +85,13 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
     n_groups = triton.cdiv(n, cr)
     bc = max(64, r)
     bj = pow2(max(nbs, cfg.n_select))
-    if fused:
-        n_split = 1
-    else:
-        tiles = triton.cdiv(max(nb_cap, 1), bc)
-        if n_split is None:
-            n_split = max(1, min(tiles, (2 * sms) // max(1, n_groups * hkv)))
-        n_split = max(1, min(n_split, tiles))
+    tiles = triton.cdiv(max(nb_cap, 1), bc)
+    if n_split is None:
+        n_split = max(1, min(tiles, (2 * sms) // max(1, n_groups * hkv)))
+    n_split = max(1, min(n_split, tiles))
     srt = bj <= SORTED_MAX_BLOCKS
-    if fused:
-        qc = max(1, min(cr, TOPK_ELEMS // bj))
-    else:
-        qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
+    qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
-    one = not fused and (bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep)
-    return RouteLaunch(fused, r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
+    one = bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep
+    return RouteLaunch(r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
                        pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)))

@@ -1,5 +1,5 @@
-"""Triton kernels of NSA routing's split form (the math is in this folder's README.md, the launches in
-route.py, the shared pieces and the fused form in route_kernels.py): one sweep of the keys (score,
+"""Triton kernels of NSA routing's launches (the math is in this folder's README.md, the launches in
+route.py, the shared pieces in route_kernels.py): one sweep of the keys (score,
 merge_topk) for rows up to `route_policy.ONE_SWEEP_MAX_BLOCKS` selection blocks, two (score without
 sums, imp, topk) past them.
 """
