@@ -7,21 +7,17 @@ import sys
 
 def main(path, top=30):
     rows = list(csv.reader(open(path, errors="replace")))
-    sections, cur, head = [], None, None
+    sections, head = [], None
     for r in rows:
         if not r:
             continue
         samp = [i for i, c in enumerate(r) if "Sampling" in c and "All" in c]
-        if "Source" in r and samp:
-            head, cur = r, (" ".join(x for x in r[:1]), [])
-            sections.append((head, cur[1], samp[0]))
-            continue
-        if len(r) == 1 or (head is None):
-            if sections and len(r) == 1:
-                sections[-1] = sections[-1]   # a kernel title line: shown with the next section
+        if "Source" in r and samp:   # a kernel's header row
+            head = r
+            sections.append((head, [], samp[0]))
+        elif len(r) == 1 or head is None:   # a kernel's title line, printed as it comes
             print("#", ",".join(r)[:160])
-            continue
-        if len(r) == len(head):
+        elif len(r) == len(head):
             sections[-1][1].append(r)
     if not sections:
         print("no section with a 'Source' column and an all-samples column; the file starts:")

@@ -46,8 +46,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
     one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
-    tma: the compressed key / value tiles through tensor descriptors (default: on Hopper or newer, where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the
-    interpreter).
+    tma: the compressed key / value tiles through tensor descriptors (default: on Hopper or newer,
+    where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the interpreter).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
     """
     q = q.contiguous()
