@@ -1,6 +1,7 @@
 """The routing top-n (one packed-key top-k) on importance full of exact ties, negative and -inf
-scores, forced blocks and fewer candidates than n, and on distinct scores (the bisection's early stop):
-the reference's selection, ties to the lower block."""
+scores, forced blocks (as many as n too) and fewer candidates than n, and on distinct scores (the
+bisection's early stop and its bracket from the row's largest finite key): the reference's
+selection, ties to the lower block."""
 import pytest
 import torch
 
@@ -13,7 +14,8 @@ from .test_nsa_kernels import CUDA, DEV
 
 
 @pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
-                                                   (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0)])
+                                                   (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0),
+                                                   (7, 2, 40, 0)])   # as many forced blocks as n
 @pytest.mark.parametrize("qc, srt", [(1, True), (4, True), (1, False), (4, False)])
 @pytest.mark.parametrize("merge", [False, True])
 def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, merge):
