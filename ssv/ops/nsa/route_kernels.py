@@ -1,4 +1,5 @@
-"""Triton kernels of NSA routing (the math is in this folder's README.md, the launches in route.py).
+"""The pieces NSA routing's kernels share (the math is in this folder's README.md, the kernels in
+route_split_kernels.py, the launches in route.py).
 
 Rows of a program are (query, head) pairs: CR queries of the step times the GQA group's heads
 (padded to GP), so each compressed key tile is loaded once for all of them and a query's
@@ -10,7 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
