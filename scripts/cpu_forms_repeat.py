@@ -1,6 +1,7 @@
 """How stable this machine's GEMM-form calibration is: `ssv.ops.linear.cpu.cpu_forms()` in N fresh
 processes (each calibrates once, as `ssv generate` does), the form per row count 1..8 and for longer
-steps, and which CPU strategy (`ssv.cli.cpu_tree()`, keyed on the 4-row form) each would pick.
+steps, which CPU strategy (`ssv.cli.cpu_tree()`) each would pick and, where the package keeps them, the
+calibration's layer-GEMM ms per probe rows in the form it chose (what the tree weighs since session 36).
 
     python scripts/cpu_forms_repeat.py [N] [out.json]
 """
@@ -13,8 +14,11 @@ import os
 import subprocess
 import sys
 
-CHILD = ("import json; from ssv.ops.linear.cpu import cpu_forms; from ssv.cli import cpu_tree; "
-         "print(json.dumps({'forms': list(cpu_forms()), 'tree': list(cpu_tree())}))")
+CHILD = ("import json; from ssv.ops.linear.cpu import cpu_forms; from ssv.cli import cpu_tree\n"
+         "try:\n    from ssv.ops.linear.cpu import row_cost\n"
+         "    ms = {r: round(row_cost(r) * 1e3, 2) for r in (1, 2, 3, 4, 6)}\n"
+         "except ImportError:\n    ms = None   # a package before the calibration kept its times\n"
+         "print(json.dumps({'forms': list(cpu_forms()), 'tree': list(cpu_tree()), 'ms': ms}))")
 
 
 def main(n: int = 5, out: str | None = None) -> None:
@@ -23,7 +27,7 @@ def main(n: int = 5, out: str | None = None) -> None:
     for i in range(n):
         res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
-        print(i, runs[-1]["forms"], "tree", runs[-1]["tree"], flush=True)
+        print(i, runs[-1]["forms"], "tree", runs[-1]["tree"], "ms", runs[-1]["ms"], flush=True)
     four = collections.Counter(r["forms"][3] for r in runs)
     print("4-row form:", dict(four))
     if out:

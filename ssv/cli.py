@@ -160,7 +160,8 @@ def _engine(args, runner, drafter=None):
 
 
 # The default trees (depth, top-k, nodes, the root included). On the CPU the tree follows how the
-# BLAS prices a step's rows (ssv/ops/linear/cpu.py, its form for 4 rows):
+# BLAS prices a step's rows (ssv/ops/linear/cpu.py: with SSV_CPU_GEMM its form for 4 rows, as below;
+# calibrated, the measured cost of a 4th row, `FOURTH_ROW`):
 # - "linear" (MKL's F.linear; the Intel VM of sessions 11-20): it streams the weights at up to 3 rows
 #   but takes a slower kernel from 4 (a 2K target step 67 ms at 3 rows, 86 at 4:
 #   bench/results/cpu-prefill/prefill-8fd468b-run2.json), so 3-node trees: at 2K 2x2x3 ran
@@ -194,12 +195,24 @@ CPU_LOOKUP = 3
 # 1.48x, 1.20 -> 1.29x, 1.14 -> 1.11x, 1.51 -> 2.26x (bench/results/gpu-s31/e2e-cuda-*-3a47002.json)
 GPU_LOOKUP = 8
 CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
+# A calibrated machine (no SSV_CPU_GEMM) takes the 4-node tree only where its 4 rows' GEMMs cost at most
+# FOURTH_ROW times its 3 rows' (each in the form it chose): a fourth node that costs a round little.
+# Session 36's Intel VM, calibrated on the step's own weight shapes: F.linear at 3 rows 7.5 ms, packed
+# at 4 rows 8.8 (1.17x); there 2x2x3 with the lookup ran 1.79x / 2.01x / 1.27x ar on code / prose /
+# chat against 2x2x4's 1.66x / 2.00x / 1.27x (bench/results/cpu-s36/). Session 24's AMD VM priced 4
+# rows as 3 (20.8 against 20.6 ms, above), where 2x2x4 won. The bound sits midway: the Intel VM's
+# calibrations read 1.13-1.20 in 8 processes (bench/results/cpu-s36/cpu-forms-repeat-after.json)
+FOURTH_ROW = 1.09
 
 
 def cpu_tree() -> tuple:
-    """The CPU's default tree for `--mode ssv`: by the GEMM form this machine measured for 4 rows."""
-    from ssv.ops.linear.cpu import cpu_form
-    return CPU_TREES[cpu_form(4)]
+    """The CPU's default tree for `--mode ssv`: by what this machine's calibration measured a 4th row
+    to cost (`FOURTH_ROW`), or by the fixed GEMM form for 4 rows (`SSV_CPU_GEMM`)."""
+    from ssv.ops.linear.cpu import cpu_form, row_cost
+    t3, t4 = row_cost(3), row_cost(4)
+    if t3 is None or t4 is None:
+        return CPU_TREES[cpu_form(4)]
+    return (2, 2, 4) if t4 <= FOURTH_ROW * t3 else (2, 2, 3)
 
 
 def cpu_lookup() -> int:
@@ -225,7 +238,7 @@ def _fallback(args, opts):
         return ArFallback(**extra)
     from ssv.ops.linear.cpu import cpu_form
     form = cpu_form(4)
-    small = opts.tree.total_tokens <= CPU_TREES[form][2]   # no larger than the machine's own tree
+    small = opts.tree.total_tokens <= cpu_tree()[2]   # no larger than the machine's own tree
     if not small:
         return ArFallback(**extra)
     # the packed form's 2x2x4 round with a lookup of 3 cost 1.54-1.60 AR steps at 2K (1.42 without;

@@ -513,6 +513,20 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
     assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
 
 
+def test_a_calibrated_cpu_takes_the_fourth_node_where_it_costs_little(monkeypatch):
+    # without SSV_CPU_GEMM the tree follows the calibration's price of the 4th row, not the 4-row form
+    import ssv.ops.linear.cpu as cpu_gemm
+    monkeypatch.setenv(cpu_gemm.ENV, "auto")
+    costs = {3: 7.5e-3, 4: 8.8e-3}   # session 36's Intel VM: F.linear at 3 rows, packed at 4
+    monkeypatch.setattr(cpu_gemm, "row_cost", lambda rows: costs.get(rows))
+    monkeypatch.setattr(cpu_gemm, "cpu_form", lambda rows: "packed")
+    assert cli.cpu_tree() == (2, 2, 3)
+    costs[4] = 7.5e-3 * cli.FOURTH_ROW            # 4 rows priced as 3 (session 24's AMD VM): 4 nodes
+    assert cli.cpu_tree() == (2, 2, 4)
+    costs[4] *= 1.01
+    assert cli.cpu_tree() == (2, 2, 3)
+
+
 def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, random_head):
     """On the CPU's small tree the fall-back compares the prompt's estimate with the CPU's break-even
     (by its BLAS form), elsewhere with the default prior; a random head's drafts do not pay on a long prompt, so decoding is AR

@@ -78,7 +78,14 @@ def test_forms_from_env_and_calibration(monkeypatch):
     with pytest.raises(ValueError, match="SSV_CPU_GEMM must be one of"):
         cpu.cpu_forms()
     monkeypatch.setenv(cpu.ENV, "")     # unset or empty: auto
-    assert cpu.cpu_forms() == cpu._calibrated(torch.get_num_threads())
+    assert cpu.cpu_forms() == cpu._calibrated(torch.get_num_threads())[0]
+    # the chosen form's time per probe: what `row_cost` reads (the CPU's tree weighs the 4th row by it)
+    costs = cpu._calibrated(torch.get_num_threads())[1]
+    assert set(costs) == {m for m, _ in cpu.PROBES} and all(c > 0 for c in costs.values())
+    assert cpu.row_cost(4) == costs[4] and cpu.row_cost(5) == costs[6] and cpu.row_cost(cpu.MAX_ROWS + 1) is None
+    monkeypatch.setenv(cpu.ENV, "packed")
+    assert cpu.row_cost(4) is None   # a fixed form: nothing timed
+    monkeypatch.setenv(cpu.ENV, "")
     # the measured choice: a valid form per row count, the same for the rows one probe stands for
     got = cpu._calibrate(torch.get_num_threads(), hidden=64, inter=96, kv=32, layers=1, reps=1)
     assert len(got) == cpu.MAX_ROWS + 1 and set(got) <= set(cpu.FORMS) and got[-1] != "transposed"
@@ -173,7 +180,7 @@ def test_a_cpu_runner_times_the_forms_before_any_step(monkeypatch):
     from ssv.engine.runner import Runner
     monkeypatch.setenv(cpu.ENV, "auto")
     calls = []
-    monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or ("linear",) * (cpu.MAX_ROWS + 1))
+    monkeypatch.setattr(cpu, "_calibrated", lambda threads: calls.append(threads) or (("linear",) * (cpu.MAX_ROWS + 1), {}))
     Runner(make_tiny_model(0, n_layers=1), attention="nsa")
     assert calls and set(calls) == {torch.get_num_threads()}
 
@@ -264,3 +271,23 @@ def test_strict_rounds_emit_ar_tokens_in_either_form(monkeypatch, form, spec):
     res = generate_spec(r, d, prompt, greedy, 40, opts=SpecOptions(tree=TreeSpec(*spec)), engine=DeviceEngine(r, d))
     assert res.token_ids == ar.token_ids
     assert res.stats["mean_accepted_length"] > 1.3     # rounds accepted drafts, so verify rows were used
+
+
+def test_calibration_times_the_weights_the_cpu_step_multiplies(monkeypatch):
+    # the forms are priced on the shapes of the eager CPU step's GEMMs (q|k|v and gate|up concatenated):
+    # MKL's F.linear took a slower kernel at 4 rows on the concatenations than on q, k, v, gate, up apart
+    from ssv.config import ModelConfig
+    from ssv.model.llama import Transformer
+    cfg = ModelConfig(vocab_size=50, hidden_size=64, intermediate_size=96, n_layers=1, n_heads=4, n_kv_heads=2,
+                      head_dim=16, max_seq_len=64)
+    layer = Transformer(cfg).layers[0]
+    with torch.no_grad():
+        step = layer.self_attn.cpu_weights()[:2] + layer.mlp.cpu_weights()
+    want = sorted(tuple(w.shape) for w in step)
+    assert sorted(cpu.layer_shapes(64, 96, 2 * 16)) == want
+    timed = []
+    real = cpu.cpu_linear
+    monkeypatch.setattr(cpu, "cpu_linear", lambda x, w, b=None, form="linear": (timed.append(tuple(w.shape)),
+                                                                                  real(x, w, b, form))[1])
+    cpu._calibrate(0, hidden=64, inter=96, kv=32, layers=1, reps=1)
+    assert set(timed) == set(want)

@@ -106,14 +106,18 @@ def _time(fn, reps: int) -> float:
 
 
 def layer_shapes(hidden: int, inter: int, kv: int) -> list:
-    """A transformer layer's weights [N, K] as the eager layers multiply them: q, k, v, o, gate, up, down."""
-    return [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inter, hidden), (inter, hidden),
-            (hidden, inter)]
+    """A transformer layer's weights [N, K] as the eager CPU step multiplies them (`cpu_weights`): q|k|v
+    concatenated, o, gate|up concatenated, down (q's width = hidden). MKL's F.linear prices 4 rows by
+    the weight's shape: timed on q, k, v, gate and up apart, it was within the margin of the packed
+    form at 4 rows (9.8 against 9.1 ms), on the step's concatenations 1.18x slower (10.4 against 8.8),
+    as the model's 4-row layer GEMMs are (41.3 against 32.4 ms; bench/NOTES.md, session 36)."""
+    return [(hidden + 2 * kv, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)]
 
 
 def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192, layers: int = 8,
-               reps: int = 4) -> tuple:
-    # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count)
+               reps: int = 4, costs: Optional[dict] = None) -> tuple:
+    # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count;
+    # costs: filled with each probe's rows -> the chosen form's seconds)
     # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
     # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one
     # row: 12 weights of 1536 x 576, or three layers, put the packed form first where the model's AR
@@ -128,6 +132,8 @@ def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192
         t = {f: _time(lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws], reps) for f in forms}
         for r in rows:
             out[r] = _choose(t)
+        if costs is not None:
+            costs[m] = t[out[m]]
     x = {k: torch.full((MANY_ROWS, k), 0.5) for k in (hidden, inter)}
     many = {f: _time(lambda f=f: [cpu_linear(x[w.shape[1]], w, form=f) for w in ws], reps)
             for f in forms if f != "transposed"}
@@ -142,8 +148,19 @@ def _choose(t: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _calibrated(threads: int) -> tuple:
+    """(the forms, {probe rows: the chosen form's seconds}) of this thread count, measured once."""
+    costs: dict = {}
     with torch.no_grad():
-        return _calibrate(threads)
+        return _calibrate(threads, costs=costs), costs
+
+
+def row_cost(rows: int) -> Optional[float]:
+    """Seconds of the calibration's layer GEMMs at the probe standing for `rows` rows (1..MAX_ROWS) in
+    the form it chose there, or None where `SSV_CPU_GEMM` fixes the forms (nothing is timed then)."""
+    if (os.environ.get(ENV) or "auto") != "auto":
+        return None
+    costs = _calibrated(torch.get_num_threads())[1]
+    return next((costs.get(m) for m, rs in PROBES if rows in rs), None)
 
 
 def prepack(model: torch.nn.Module) -> None:
@@ -173,7 +190,7 @@ def cpu_forms() -> tuple:
     differently; a fixed "transposed" leaves longer steps on F.linear)."""
     env = os.environ.get(ENV) or "auto"
     if env == "auto":
-        return _calibrated(torch.get_num_threads())
+        return _calibrated(torch.get_num_threads())[0]
     if env not in available_forms():
         raise ValueError(f"{ENV} must be one of {available_forms() + ('auto',)}, got {env!r}")
     return (env,) * MAX_ROWS + ("linear" if env == "transposed" else env,)
