@@ -1,8 +1,9 @@
 """Where a graphed round's GPU time goes: the kernels of the AR step and of an ssv strict round (random
 weights of the default model's shape, 4K context), grouped by kernel name, per round; a table, and
 JSON in $OUT or bench/results. Run on a GPU from the repository root: python3 scripts/profile_round.py
-(MODES, CTX, CAP, ROUNDS: the modes, context, cache capacity and timed rounds; launch-policy
-constants patched first: python3 scripts/profile_round.py verify_policy.FOLD_MAX_SPLITS=64)"""
+(MODES, CTX, CAP, ROUNDS: the modes, context, cache capacity and timed rounds; TEMP: sampled rounds
+at that temperature, the file named -t<TEMP>; launch-policy constants patched first:
+python3 scripts/profile_round.py verify_policy.FOLD_MAX_SPLITS=64)"""
 import json, os, sys, time, torch
 sys.path.insert(0, ".")
 from torch.profiler import ProfilerActivity, profile
@@ -14,7 +15,10 @@ from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
 from ssv.engine.runner import Runner
 from ssv.engine.device_round import DeviceEngine
 from ssv.bench.e2e import mode_table
+from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
+TEMP = float(os.environ.get("TEMP", "0"))
+PARAMS = SamplingParams(temperature=TEMP) if TEMP > 0 else None   # None: greedy, as the engine's default
 for patch in sys.argv[1:]:   # module.NAME=int of ssv.ops.nsa: a launch policy variant, named in the file
     import importlib
     name, val = patch.split("=")
@@ -35,11 +39,12 @@ for att in ("nsa", "dense"):
     fill_cache(r, CTX, torch.Generator(device="cuda").manual_seed(0))
     engines[att] = (r, DeviceEngine(r, d))
     engines[att][1].start(7)
-res = {"env": environment(), "context": CTX, "capacity": CAP, "rounds": {}, "round_ms": {}, "patches": sys.argv[1:]}
+res = {"env": environment(), "context": CTX, "capacity": CAP, "temperature": TEMP, "rounds": {}, "round_ms": {},
+       "patches": sys.argv[1:]}
 for mode in MODES:
     att, opts = table[mode]
     r, eng = engines[att]
-    step = (lambda: eng.ar_step()) if opts is None else (lambda: eng.spec_round(opts))
+    step = (lambda: eng.ar_step(PARAMS)) if opts is None else (lambda: eng.spec_round(opts, PARAMS))
     for _ in range(3):
         step()
     n = int(os.environ.get("ROUNDS", "10"))
@@ -69,7 +74,7 @@ for mode in MODES:
     for x in rows[:22]:
         print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
     r.cache.dlen.fill_(CTX); r.cache.length = CTX
-tag = "".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:])
+tag = "".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:]) + (f"-t{TEMP:g}" if TEMP > 0 else "")
 out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}{tag}.json")
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
