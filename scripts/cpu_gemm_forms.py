@@ -73,10 +73,11 @@ def main(out: str) -> None:
         print(row, flush=True)
     cpu._calibrated.cache_clear()
     t = time.perf_counter()
-    forms = cpu._calibrated(torch.get_num_threads())
+    forms, costs = cpu._calibrated(torch.get_num_threads())
     calib_s = time.perf_counter() - t
     doc = dict(env=environment("cpu"), threads=torch.get_num_threads(), weights_mb=sum(w.numel() for w in layer) * 4 / 1e6,
-               rows=rows, calibration_seconds=calib_s, calibrated_forms=list(forms), steps_2k=profile_steps())
+               rows=rows, calibration_seconds=calib_s, calibrated_forms=list(forms),
+               calibrated_ms={m: t * 1e3 for m, t in costs.items()}, steps_2k=profile_steps())
     print(doc["calibration_seconds"], doc["calibrated_forms"], doc["steps_2k"])
     json.dump(doc, open(out, "w"), indent=1)
 
