@@ -171,7 +171,8 @@ def _imp_range(b_q, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, 
     # imp[j] = own[j] + tail[j - 1], added by the top-n; no block written twice.
     # The scores are computed transposed, keys on the MMA's M side and the rows on N in (head, query)
     # order: a thread's accumulator columns 8 apart then hold one query's heads, so the head sum is
-    # register adds, not shuffles (505 -> 271 SASS instructions a tile for sm_90 at Llama 64K / 64)
+    # register adds, not shuffles (505 -> 271 SASS instructions a tile for sm_90 at Llama 64K / 64; the
+    # imp launch 18.7 -> 13.8 us there on an H100, 31.4 -> 21.8 at 128K: bench/NOTES.md, session 36)
     JB: tl.constexpr = BC // R
     BM: tl.constexpr = CR * GP
     b_qt = tl.reshape(tl.permute(tl.reshape(b_q, [CR, GP, D]), [2, 1, 0]), [D, BM])      # [D, (GP, CR)]
@@ -272,7 +273,8 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
         # above t and, of those equal to it, the lowest blocks (a stable sort's first n). The bracket
         # starts at [max / 64, largest finite key] where the row allows it (n keys reach max / 64),
         # else from the whole int32 range: the same selection, ~4 of ~17 rounds fewer on random
-        # Llama-shape rows (two reductions spent; bench/NOTES.md, session 35). The top end needs the
+        # Llama-shape rows (two reductions spent; the launch 13.1 -> 12.0 us at Llama 64K / 64 on an
+        # H100, 25.4 -> 22.8 at 128K: bench/NOTES.md, sessions 35-36). The top end needs the
         # forced blocks (+inf) to be at most n (NSAConfig's rule): with exactly n of them every count
         # reaches n and t ends at a finite key, above which they are the n taken
         b_ord = _order_bits(b_key)                                                 # [QC, BJ] int32
