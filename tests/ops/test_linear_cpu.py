@@ -287,7 +287,11 @@ def test_calibration_times_the_weights_the_cpu_step_multiplies(monkeypatch):
     assert sorted(cpu.layer_shapes(64, 96, 2 * 16)) == want
     timed = []
     real = cpu.cpu_linear
-    monkeypatch.setattr(cpu, "cpu_linear", lambda x, w, b=None, form="linear": (timed.append(tuple(w.shape)),
-                                                                                  real(x, w, b, form))[1])
+
+    def spy(x, w, b=None, form="linear"):
+        timed.append(tuple(w.shape))
+        return real(x, w, b, form)
+
+    monkeypatch.setattr(cpu, "cpu_linear", spy)
     cpu._calibrate(0, hidden=64, inter=96, kv=32, layers=1, reps=1)
     assert set(timed) == set(want)

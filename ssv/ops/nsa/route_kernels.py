@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def _cmp_tile(kc, kd, i_h, i0, o_i, m_i, o_d, s_kb, BC: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
     # compressed blocks [i0, i0 + BC) of KV head i_h: [BC, D]. TMA: one bulk copy through the
