@@ -197,8 +197,8 @@ GPU_LOOKUP = 8
 CPU_TREE = CPU_TREES["linear"]   # the smallest (the help text's depth and top-k)
 # A calibrated machine (no SSV_CPU_GEMM) takes the 4-node tree only where its 4 rows' GEMMs cost at most
 # FOURTH_ROW times its 3 rows' (each in the form it chose): a fourth node that costs a round little.
-# Session 36's Intel VM, calibrated on the step's own weight shapes: F.linear at 3 rows 7.5 ms, packed
-# at 4 rows 8.8 (1.17x); there 2x2x3 with the lookup ran 1.79x / 2.01x / 1.27x ar on code / prose /
+# Session 36's Intel VM, calibrated on the step's own weight shapes: F.linear at 3 rows 7.5-8.4 ms,
+# packed at 4 rows 9.0-9.6 (1.13-1.20x, bench/results/cpu-s36/cpu-forms-repeat-after.json); there 2x2x3 with the lookup ran 1.79x / 2.01x / 1.27x ar on code / prose /
 # chat against 2x2x4's 1.66x / 2.00x / 1.27x (bench/results/cpu-s36/). Session 24's AMD VM priced 4
 # rows as 3 (20.8 against 20.6 ms, above), where 2x2x4 won. The bound sits midway: the Intel VM's
 # calibrations read 1.13-1.20 in 8 processes (bench/results/cpu-s36/cpu-forms-repeat-after.json)

@@ -108,9 +108,10 @@ def _time(fn, reps: int) -> float:
 def layer_shapes(hidden: int, inter: int, kv: int) -> list:
     """A transformer layer's weights [N, K] as the eager CPU step multiplies them (`cpu_weights`): q|k|v
     concatenated, o, gate|up concatenated, down (q's width = hidden). MKL's F.linear prices 4 rows by
-    the weight's shape: timed on q, k, v, gate and up apart, it was within the margin of the packed
-    form at 4 rows (9.8 against 9.1 ms), on the step's concatenations 1.18x slower (10.4 against 8.8),
-    as the model's 4-row layer GEMMs are (41.3 against 32.4 ms; bench/NOTES.md, session 36)."""
+    the weight's shape: timed on q, k, v, gate and up apart, it kept F.linear at 4 rows (10.0-10.5
+    against the packed form's 9.4-12.2 ms), on the step's concatenations it is ~1.2x slower (10.2-10.9
+    against 8.7-8.8; bench/results/cpu-s36/calib-shapes.json), as the model's 4-row layer GEMMs are
+    (41.3 against 32.4 ms, cpu-s36/gemm-forms-a2bb9b8.json)."""
     return [(hidden + 2 * kv, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)]
 
 
