@@ -98,6 +98,9 @@ def main(out, against=None, slot_tiles=(), cases=None):
                 {"fused": False} if hasattr(lp, "fused") else {}))))
         if "tma" in inspect.signature(route.nsa_route).parameters:   # key tiles through pointers, not descriptors
             forms.append(("pointers", dict(tma=False)))
+        if getattr(lp, "bt", 0):   # packages from session 37 on: rows past a power of two as a tile and a tail
+            forms.append(("no tail", dict(topk_tail=False)))
+            forms += [(f"tail, top-n {nw} warps", dict(topk_warps=nw)) for nw in (1, 2, 8) if nw != lp.topk_warps]
         if not fused:   # the path blocks' slot tiles (route_policy.SLOT_TILE) of other sizes
             forms += [(f"slots {sb}", dict(slot_tile=sb)) for sb in slot_tiles]
         for name, kw in forms:

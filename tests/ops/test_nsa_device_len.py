@@ -149,3 +149,26 @@ def test_step_table_recorded_selections_replace_the_routings_output():
                             group_size=4)
     torch.testing.assert_close(outs[1], want)
     assert not torch.allclose(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_route_rows_just_past_a_power_of_two(tail):
+    """Rows of 263 selection blocks (past the bitonic top-k's 256): with two sweeps the policy takes
+    them as a 256-block tile and a 16-block tail (route_policy.TAIL_MIN), where the step's own blocks,
+    the forced local ones, fall; the selection equals the reference's with the tail and without."""
+    from ssv.ops.nsa.route_policy import plan_route
+    cfg = NSAConfig(**{**CFG, **dict(cmp_block=16, cmp_stride=16)})
+    P, N, hkv, G, D = 4190, 6, 1, 2, 16
+    q, k, v, pos, mask = _case(7, P, N, hkv, G, D, DTYPES[0], extra=2)
+    nbs = (k.shape[1] - 1) // cfg.slc_block + 1
+    lp = plan_route(N, hkv * G, hkv, num_cmp_blocks(k.shape[1], cfg), nbs, cfg, 4, one_sweep=False)
+    assert (lp.bj, lp.bt) == (256, 16) and not lp.sorted_topk
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg)
+    nb = num_cmp_blocks(P, cfg)
+    kc, vc = compress_mean(k.float(), nb, cfg), compress_mean(v.float(), nb, cfg)
+    w, s0, npath = path_block_weights(P, pos, mask, cfg)
+    idx, imp, _, _ = nsa_route(q.to(DEV), kc.to(DTYPES[0]).to(DEV), vc.to(DTYPES[0]).to(DEV), nb, k.to(DEV),
+                               v.to(DEV), w.to(DEV), s0, npath.to(DEV), pos.to(DEV), cfg, max_pos=k.shape[1] - 1,
+                               one_sweep=False, topk_tail=tail)
+    assert torch.equal(idx.cpu().long(), ref.block_indices)
+    assert (idx.cpu() >= 256).any()   # the tail's blocks are taken

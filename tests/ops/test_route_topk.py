@@ -15,12 +15,16 @@ from .test_nsa_kernels import CUDA, DEV
 
 @pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
                                                    (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0),
-                                                   (7, 2, 40, 0)])   # as many forced blocks as n
-@pytest.mark.parametrize("qc, srt", [(1, True), (4, True), (1, False), (4, False)])
-@pytest.mark.parametrize("merge", [False, True])
-def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, merge):
-    """Both selections: the bitonic top-k (short rows) and the bisection (long rows); both top-n
-    launches: the two-sweep one reads the importance, the one-sweep one first merges per-head sums."""
+                                                   (7, 2, 40, 0),    # as many forced blocks as n
+                                                   (8, 5, 300, -1), (9, 16, 70, -2), (10, 7, 130, -2)])
+@pytest.mark.parametrize("qc, srt, tail, merge", [(qc, srt, False, merge) for qc in (1, 4) for srt in (True, False)
+                                                  for merge in (False, True)] + [(1, False, True, False),
+                                                                                 (4, False, True, False)])
+def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, tail, merge):
+    """Both selections: the bitonic top-k (short rows) and the bisection (long rows), the latter
+    also over a row split into a power-of-two tile and a tail tile (the row's last blocks, where the
+    forced local ones and the widest candidates fall); both top-n launches: the two-sweep one reads
+    the importance, the one-sweep one first merges per-head sums (whole rows only: route_policy)."""
     cfg = NSAConfig(cmp_block=16, cmp_stride=16, slc_block=16, n_select=nsel, forced_local=1, window=16)
     gen = torch.Generator().manual_seed(seed)
     n, hkv = 6, 2
@@ -31,16 +35,26 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, me
     if levels == 0:   # distinct values: the bisection stops at a threshold with exactly n above it
         psum = torch.rand(n, hkv, nb, generator=gen) ** 4
         psum[1, 0, 5:9] = psum[1, 0, 9]   # one row with a tie, beside rows without
+    if levels == -1:   # the largest scores in the row's last blocks (a tail tile's), a few ties
+        psum = (torch.arange(nb).float() / nb + torch.randint(0, 3, (n, hkv, nb), generator=gen) * 0.01).round(decimals=2)
+    if levels == -2:   # two levels: ties that overflow n across a tail tile's boundary
+        psum = torch.randint(0, 2, (n, hkv, nb), generator=gen).float()
     pos = torch.randint(0, nbs * 16, (n,), generator=gen)
+    if levels < 0:     # full rows: every block a candidate
+        pos = nbs * 16 - 1 - torch.randint(0, 16, (n,), generator=gen)
     pos[0] = 3                      # one candidate block only: fewer than n selected
     npath = torch.zeros(n, dtype=torch.int32)
     nbpre = torch.tensor([nb], dtype=torch.int32)
     pp = torch.full((n, hkv, 1), float("nan"))   # no path-specific blocks: never read
     idx = torch.full((n, hkv, nsel), 99, dtype=torch.int32)
     want_imp = torch.where(torch.arange(nbs)[None, None] * 16 <= pos[:, None, None], psum, float("-inf"))
-    bj = pow2(max(nbs, nsel))
+    bj, bt = pow2(max(nbs, nsel)), 0
+    if tail:   # the policy's split (route_policy.plan_route), taken here at any width
+        bj //= 2
+        bj, bt = max(bj, pow2(nsel)), pow2(max(nbs - bj, 1), 16)
     top = dict(QC=qc, LS=16, R=1, A=1, BJ=bj, NSEL=nsel, NSELP=pow2(nsel, 1), SORTED=srt,
-               FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NBPP=1, NW=2, num_warps=1)
+               FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NBPP=1, NW=2, num_warps=1,
+               **({"BT": bt} if tail else {}))
     if not merge:
         own = psum.clone().to(DEV)   # R = A = 1: no tail; the importance is written over it
         t = [x.to(DEV) for x in (pp, npath, nbpre, pos, idx)]
@@ -99,3 +113,19 @@ def test_plan_route_sweeps_once_up_to_its_row_width():
     assert plan_route(64, 32, 8, nb, ONE_SWEEP_MAX_BLOCKS + 1, cfg, 132, one_sweep=True).one_sweep
     tiny = plan_route(1, 9, 3, 8, 2, cfg, 132)   # a short cache: one sweep, one split a 64-block tile
     assert tiny.one_sweep and tiny.n_split == 1
+
+
+def test_plan_route_splits_rows_just_past_a_power_of_two():
+    """Bisection rows just past a power of two take that power's half and a tail tile (1,025 blocks:
+    1,024 + 16, not 2,048); rows that nearly fill their power, the bitonic top-k's short rows and the
+    one-sweep merge's rows do not; topk_tail=False keeps the whole power."""
+    from ssv.ops.nsa.route_policy import TAIL_MIN, plan_route
+    cfg = NSAConfig()
+    nb = 4096
+    lp = plan_route(64, 32, 8, nb, 1025, cfg, 132)
+    assert (lp.bj, lp.bt, lp.one_sweep, lp.sorted_topk) == (1024, TAIL_MIN, False, False)
+    assert (plan_route(64, 32, 8, nb, 1025, cfg, 132, topk_tail=False).bj, ) == (2048, )
+    assert plan_route(64, 32, 8, 8192, 2049 + 300, cfg, 132).bt == 512    # 2,048 + 512 of 4,096
+    assert plan_route(64, 32, 8, 8192, 2048 + 1500, cfg, 132).bt == 0     # 3,548 of 4,096: no gain
+    assert plan_route(64, 32, 8, nb, 1000, cfg, 132).bt == 0              # one sweep
+    assert plan_route(48, 9, 3, 128, 129, cfg, 132, one_sweep=False).bt == 0   # bitonic (256 wide)

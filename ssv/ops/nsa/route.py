@@ -35,7 +35,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
               v: torch.Tensor, w: torch.Tensor, s0, n_path: torch.Tensor, positions: torch.Tensor, cfg: NSAConfig,
               want_o: bool = False, scale: Optional[float] = None, max_rows: int = 64,
               n_split: Optional[int] = None, max_pos: Optional[int] = None, one_sweep: Optional[bool] = None,
-              tma: Optional[bool] = None):
+              tma: Optional[bool] = None, topk_tail: Optional[bool] = None, topk_warps: Optional[int] = None):
     """Routing of N queries. k_cmp/v_cmp [Hkv, >=NBpre, D] shared prefix blocks; k/v [Hkv, L, D] the
     cache (the step's new tokens in their slots); w [N, NBP, S] the path-specific blocks' weights over
     the slots [s0, s0 + S) (`path_block_weights`, or the device plan's), n_path[q] of them complete
@@ -45,7 +45,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     n_prefix_blocks / s0: ints, or int32 [1] device tensors (a graph replays at any length; the
     launch is then sized for all of k_cmp's blocks). max_pos: a bound on the largest position
     (given, no device sync happens: CUDA-graph capturable; a larger bound selects the same blocks).
-    one_sweep / n_split / max_rows: the launch form (route_policy.plan_route decides when None).
+    one_sweep / n_split / max_rows / topk_tail / topk_warps: the launch form (route_policy.plan_route
+    decides when None).
     tma: the compressed key / value tiles through tensor descriptors (default: on Hopper or newer,
     where k_cmp / v_cmp are 16-byte aligned; the CPU tests force it through the interpreter).
     Returns (block_indices [N, Hkv, n] int32, importance [N, Hkv, NBs], lse_cmp [N, Hq], o_cmp [N, Hq, D] or None).
@@ -71,7 +72,8 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     s0_t = s0 if isinstance(s0, torch.Tensor) else torch.full((1,), int(s0), device=dev, dtype=torch.int32)
     max_pos = int(positions.max()) if max_pos is None else int(max_pos)  # pass it to stay sync-free
     nbs = max_pos // cfg.slc_block + 1
-    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, n_slots, one_sweep)
+    lp = plan_route(n, hq, hkv, nbpre, nbs, cfg, sm_count(dev), max_rows, n_split, n_slots, one_sweep,
+                    topk_tail, topk_warps)
     r, a, sb = lp.r, lp.a, lp.sb
     nbpp = pow2(max(nbp, 1), 1)   # path blocks
     f32 = dict(device=dev, dtype=torch.float32)
@@ -113,7 +115,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
             num_warps=4)
         nsa_route_topk_fwd_kernel[(-(-n // lp.qc), hkv)](
             imp, tail, pp, npath, nbpre_t, pos, idx, n, nbs, *ist, *xst, QC=lp.qc, R=r, A=a, **top, NBPP=nbpp,
-            **pk, num_warps=lp.topk_warps)
+            BT=lp.bt, **pk, num_warps=lp.topk_warps)
         return idx, imp, lse, (o_cmp if want_o else None)
     own_h = torch.empty(n, hq, nbs, **f32)  # per head, against its tile's max mt
     tail_h = torch.empty(n, hq, nbs, **f32) if a > 1 else own_h

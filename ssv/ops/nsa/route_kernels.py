@@ -212,16 +212,47 @@ def _order_bits(x):
 
 
 @triton.jit
+def _row_keys(own, tail, p_row, o_j, m_q, t, NJO, JW, NBS, LS: tl.constexpr, A: tl.constexpr,
+              FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr):
+    # the rows' selection blocks o_j (a chunk of the row): importance (the committed own + tail sums,
+    # the window's path sums already added in memory below JW), -inf past the candidates (stored
+    # back: the op's importance output), +inf on the forced blocks
+    m_j = o_j < NBS
+    m_qj = m_q[:, None] & m_j[None, :]
+    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < JW)[None, :], other=0.0)      # [QC, BJ]
+    if A > 1:
+        m_t = m_qj & ((o_j >= 1) & (o_j <= NJO))[None, :]
+        b_imp += tl.load(tail + p_row + o_j[None, :] - 1, mask=m_t, other=0.0)
+    cand = (o_j[None, :] * LS <= t[:, None]) & m_j[None, :]
+    b_imp = tl.where(cand, b_imp, float("-inf"))
+    tl.store(own + p_row + o_j[None, :], b_imp, mask=m_qj)
+    cur = t[:, None] // LS
+    forced = (o_j[None, :] > cur - FORCED_LOCAL) & (o_j[None, :] <= cur)
+    if FORCED_FIRST:
+        forced = forced | (o_j[None, :] == 0)
+    return tl.where(cand & forced, float("inf"), b_imp)
+
+
+@triton.jit
+def _count_ge(b_ord, b_ot, th, BT: tl.constexpr):
+    # keys >= th per row, over the row's main tile and its tail (BT > 0)
+    c = tl.sum((b_ord >= th[:, None]).to(tl.int32), 1)
+    if BT > 0:
+        c += tl.sum((b_ot >= th[:, None]).to(tl.int32), 1)
+    return c
+
+
+@triton.jit
 def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
                LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
                NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr,
-               FORCED_LOCAL: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr):
+               FORCED_LOCAL: tl.constexpr, NBPP: tl.constexpr, NW: tl.constexpr, BT: tl.constexpr = 0):
     # queries o_q [QC]: importance (committed blocks from own/tail, path-specific ones from pp; the
     # result written to `own`, the op's importance output), candidates, forced blocks, then top-n
-    # with ties to the lower index, ascending, -1 padded
+    # with ties to the lower index, ascending, -1 padded. A row is a power-of-two tile of BJ blocks
+    # and, when BT > 0 (bisection only), a tail tile of BT from BJ: a row of 1,025 blocks (Llama 64K
+    # with its tree) takes 1,024 + 16 columns where one power of two would take 2,048
     o_j = tl.arange(0, BJ)
-    m_j = o_j < NBS
-    m_qj = m_q[:, None] & m_j[None, :]
     NJO = _num_own(NBPRE, NBS, R)
     p_row = o_q[:, None] * s_in + i_h * s_ih
     t = tl.load(pos + o_q, mask=m_q, other=0)
@@ -242,21 +273,11 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
         b_win += tl.where(((o_w >= c // R) & (o_w <= (c + A - 1) // R))[None, :], p_b[:, None], 0.0)
     tl.store(p_w, b_win, mask=m_w)
     tl.debug_barrier()   # the window's stores, read back by other threads
-    b_imp = tl.load(own + p_row + o_j[None, :], mask=m_qj & (o_j < tl.maximum(NJO, j0 + NW))[None, :],
-                    other=0.0)                                                            # [QC, BJ]
-    if A > 1:
-        m_t = m_qj & ((o_j >= 1) & (o_j <= NJO))[None, :]
-        b_imp += tl.load(tail + p_row + o_j[None, :] - 1, mask=m_t, other=0.0)
-    cand = (o_j[None, :] * LS <= t[:, None]) & m_j[None, :]
-    b_imp = tl.where(cand, b_imp, float("-inf"))
-    tl.store(own + p_row + o_j[None, :], b_imp, mask=m_qj)
-    cur = t[:, None] // LS
-    forced = (o_j[None, :] > cur - FORCED_LOCAL) & (o_j[None, :] <= cur)
-    if FORCED_FIRST:
-        forced = forced | (o_j[None, :] == 0)
-    b_key = tl.where(cand & forced, float("inf"), b_imp)
+    JW = tl.maximum(NJO, j0 + NW)
+    b_key = _row_keys(own, tail, p_row, o_j, m_q, t, NJO, JW, NBS, LS, A, FORCED_FIRST, FORCED_LOCAL)
     p_x = idx + o_q[:, None] * s_xn + i_h * s_xh
     if SORTED:
+        tl.static_assert(BT == 0)
         # short rows: a bitonic top-k over packed keys, the score's order bits above BJ - 1 - j so
         # that equal scores rank the lower block first; the n taken sorted back to ascending blocks
         b_pk = (_order_bits(b_key).to(tl.int64) << 32) | (BJ - 1 - o_j)[None, :].to(tl.int64)
@@ -278,16 +299,24 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
         # reaches n and t ends at a finite key, above which they are the n taken
         b_ord = _order_bits(b_key)                                                 # [QC, BJ] int32
         b_fin = (b_key < float("inf")) & (b_key > float("-inf"))
-        mx = tl.max(tl.where(b_fin, b_ord, -2147483648), 1).to(tl.int64)            # [QC]
+        mx = tl.max(tl.where(b_fin, b_ord, -2147483648), 1)                        # [QC]
+        b_ot = b_ord   # no tail: never read
+        if BT > 0:
+            o_t = BJ + tl.arange(0, BT)
+            b_kt = _row_keys(own, tail, p_row, o_t, m_q, t, NJO, JW, NBS, LS, A, FORCED_FIRST, FORCED_LOCAL)
+            b_ot = _order_bits(b_kt)                                               # [QC, BT] int32
+            b_ft = (b_kt < float("inf")) & (b_kt > float("-inf"))
+            mx = tl.maximum(mx, tl.max(tl.where(b_ft, b_ot, -2147483648), 1))
+        mx = mx.to(tl.int64)
         lo_g = tl.maximum(mx - 6 * 8388608, 0)   # 6 binades below the max (order bits of x / 64)
-        c_g = tl.sum((b_ord >= lo_g.to(tl.int32)[:, None]).to(tl.int32), 1)
+        c_g = _count_ge(b_ord, b_ot, lo_g.to(tl.int32), BT)
         fits = mx > -2147483648
         lo = tl.where(fits & (c_g >= NSEL), lo_g, -2147483648)
         hi = tl.where(fits, mx + 1, 2147483648)
         go = 1
         while go > 0:
             mid = (lo + hi) >> 1
-            cnt = tl.sum((b_ord >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+            cnt = _count_ge(b_ord, b_ot, mid.to(tl.int32), BT)
             ok = cnt >= NSEL
             lo = tl.where(ok, mid, lo)
             hi = tl.where(cnt == NSEL, mid + 1, tl.where(ok, hi, mid))
@@ -295,13 +324,29 @@ def _topk_rows(own, tail, pp, npath, pos, idx, NBPRE, NBS, o_q, m_q, i_h, s_in, 
         b_t = lo.to(tl.int32)[:, None]
         above = b_ord > b_t
         tie = b_ord == b_t
+        n_tie = tl.sum(tie.to(tl.int32), 1)
         need = NSEL - tl.sum(above.to(tl.int32), 1)
         sel = above | tie
-        if tl.max((tl.sum(tie.to(tl.int32), 1) > need).to(tl.int32), 0) > 0:   # ties at t overflow n: rare
+        if BT > 0:
+            above_t = b_ot > b_t
+            tie_t = b_ot == b_t
+            need -= tl.sum(above_t.to(tl.int32), 1)
+            sel_t = above_t | tie_t
+            n_all = n_tie + tl.sum(tie_t.to(tl.int32), 1)
+        else:
+            n_all = n_tie
+        if tl.max((n_all > need).to(tl.int32), 0) > 0:   # ties at t overflow n: rare
             sel = above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))
+            if BT > 0:
+                sel_t = above_t | (tie_t & (tl.cumsum(tie_t.to(tl.int32), 1) + n_tie[:, None] <= need[:, None]))
         sel = sel & (b_key > float("-inf"))
         rank = tl.cumsum(sel.to(tl.int32), 1) - 1
         tl.store(p_x + rank, o_j[None, :] + tl.zeros_like(rank), mask=sel & m_q[:, None])
         cnt = tl.sum(sel.to(tl.int32), 1)
+        if BT > 0:
+            sel_t = sel_t & (b_kt > float("-inf"))
+            rank_t = tl.cumsum(sel_t.to(tl.int32), 1) - 1 + cnt[:, None]
+            tl.store(p_x + rank_t, o_t[None, :] + tl.zeros_like(rank_t), mask=sel_t & m_q[:, None])
+            cnt += tl.sum(sel_t.to(tl.int32), 1)
         tl.store(p_x + o_j[None, :], tl.full([1, BJ], -1, tl.int32),
                  mask=m_q[:, None] & (o_j[None, :] >= cnt[:, None]) & (o_j < NSEL)[None, :])

@@ -27,6 +27,9 @@ TOPK_ELEMS = 512   # [queries, selection blocks] of one bisection tile
 # at 64K/64 (rows of 1,025 blocks) 49.1 -> 48.6 but the graphed verify step 6.74 -> 6.95 ms, and at
 # 128K 85.4 -> 124.3 us: the per-head sums' traffic, N * Hq * NBs floats twice, grows past a sweep
 ONE_SWEEP_MAX_BLOCKS = 1024
+# bisection rows just past a power of two: that power's half and a tail tile of at least TAIL_MIN
+# (Llama 64K with its tree: 1,025 blocks as 1,024 + 16 columns, not 2,048)
+TAIL_MIN = 16
 SLOT_TILE = 128    # the step's slots per tile of the path blocks' scores (64, 32: within 2 us, route-v4)
 MAX_SELECTION_BLOCKS = 8192
 
@@ -42,6 +45,7 @@ class RouteLaunch:
     n_split: int   # KV splits of the score launch
     bc: int        # compression blocks per tile (a whole number of selection blocks)
     bj: int        # selection blocks per top-n row, a power of two
+    bt: int        # and a tail tile past them (bisection only; 0: none)
     qc: int        # queries per top-n tile
     topk_warps: int
     sorted_topk: bool   # bitonic top-k (short rows) or bisection (long rows)
@@ -69,10 +73,11 @@ def path_window(nbpp: int, r: int, a: int) -> int:
 
 
 def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig, sms: int, max_rows: int = 64,
-               n_split: Optional[int] = None, n_slots: int = 0, one_sweep: Optional[bool] = None) -> RouteLaunch:
+               n_split: Optional[int] = None, n_slots: int = 0, one_sweep: Optional[bool] = None,
+               topk_tail: Optional[bool] = None, topk_warps: Optional[int] = None) -> RouteLaunch:
     """n queries; nb_cap compression blocks the launch must cover (the capacity's when the length
     lives on the device); nbs selection blocks per query row; n_slots the step's slots the path
-    blocks average."""
+    blocks average. one_sweep / topk_tail / topk_warps: a launch form other than the policy's."""
     if nbs > MAX_SELECTION_BLOCKS:
         raise ValueError(f"{nbs} selection blocks exceed the routing kernel's limit of {MAX_SELECTION_BLOCKS}")
     r, a = check_blocks(cfg)
@@ -90,8 +95,14 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
         n_split = max(1, min(tiles, (2 * sms) // max(1, n_groups * hkv)))
     n_split = max(1, min(n_split, tiles))
     srt = bj <= SORTED_MAX_BLOCKS
-    qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
-    warps = 4 if srt else (1 if qc * bj <= 1024 else 4)
     one = bj <= ONE_SWEEP_MAX_BLOCKS if one_sweep is None else one_sweep
-    return RouteLaunch(r, a, gp, cr, bm, n_groups, n_split, bc, bj, qc, warps, srt, one,
+    bt = 0
+    if not srt and not one and topk_tail is not False:   # the one-sweep merge sums whole BJ rows
+        half, over = bj // 2, nbs - bj // 2
+        if half >= cfg.n_select and over > 0 and (pow2(over, TAIL_MIN) < half or topk_tail):
+            bj, bt = half, pow2(over, TAIL_MIN)
+    qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
+    warps = 4 if srt else (1 if qc * (bj + bt) <= 1024 else 4)
+    warps = topk_warps or warps
+    return RouteLaunch(r, a, gp, cr, bm, n_groups, n_split, bc, bj, bt, qc, warps, srt, one,
                        pow2(cfg.n_select, 1), pow2(min(n_slots, SLOT_TILE)))

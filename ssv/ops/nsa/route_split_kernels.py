@@ -219,12 +219,12 @@ def nsa_route_topk_fwd_kernel(
     N, NBS, s_in, s_ih, s_un, s_uh, s_xn, s_xh,
     QC: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BJ: tl.constexpr, NSEL: tl.constexpr,
     NSELP: tl.constexpr, SORTED: tl.constexpr, FORCED_FIRST: tl.constexpr, FORCED_LOCAL: tl.constexpr,
-    NBPP: tl.constexpr, NW: tl.constexpr,
+    NBPP: tl.constexpr, NW: tl.constexpr, BT: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    # two-sweep launch 3, grid (query chunks of QC, Hkv)
+    # two-sweep launch 3, grid (query chunks of QC, Hkv); rows of BJ blocks and a tail of BT
     pdl_prologue(PDL)
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_q = (i_n * QC + tl.arange(0, QC)).to(tl.int64)
     _topk_rows(own, tail, pp, npath, pos, idx, tl.load(nbpre), NBS, o_q, o_q < N, i_h, s_in, s_ih, s_un, s_uh,
-               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, NBPP, NW)
+               s_xn, s_xh, LS, R, A, BJ, NSEL, NSELP, SORTED, FORCED_FIRST, FORCED_LOCAL, NBPP, NW, BT)
