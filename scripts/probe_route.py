@@ -38,7 +38,8 @@ CASES = [("llama3.1-8b", 65536, 64), ("llama3.1-8b", 8192, 64), ("smollm2-135m",
          ("smollm2-135m", 8192, 48), ("smollm2-135m", 4096, 1), ("llama3.1-8b", 16384, 64),
          ("llama3.1-8b", 131072, 64), ("smollm2-135m", 1024, 1), ("smollm2-135m", 2048, 1),
          ("smollm2-135m", 1024, 48), ("smollm2-135m", 2048, 48), ("smollm2-135m", 256, 1),
-         ("smollm2-135m", 512, 1), ("smollm2-135m", 256, 4), ("smollm2-135m", 1024, 4)]
+         ("smollm2-135m", 512, 1), ("smollm2-135m", 256, 4), ("smollm2-135m", 1024, 4),
+         ("llama3.1-8b", 65536, 1), ("llama3.1-8b", 65536, 48), ("llama3.1-8b", 131072, 1)]
 
 
 def case(shape, T, N, gen, dtype=torch.bfloat16):

@@ -161,8 +161,23 @@ def _query_cols(i_g, N, CR: tl.constexpr):
 
 
 @triton.jit
-def _imp_range(b_q, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi, NBPRE, s_kb, s_in,
-               R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr,
+def _load_qt_cols(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.constexpr, D: tl.constexpr,
+                  GP: tl.constexpr):
+    # `_load_q_rows`' rows as the columns of a [D, BM] tile in (head, query) order, loaded so from
+    # memory: the same tile permuted in registers failed Triton 3.6's sm_90 pipeline at BM = 16 in
+    # 16-bit types (an illegal shared layout for the MMA operand: the AR step at 64K, session 37)
+    o_c = tl.arange(0, CR * GP)
+    o_qi = (i_g * CR + o_c % CR).to(tl.int64)
+    m_c = (o_c // CR < G) & (o_qi < N)
+    o_hq = i_h * G + o_c // CR
+    o_d = tl.arange(0, D)
+    b_qt = tl.load(q + o_qi[None, :] * s_qn + o_hq[None, :] * s_qh + o_d[:, None], mask=m_c[None, :], other=0.0)
+    return (b_qt * (scale * 1.4426950408889634)).to(b_qt.dtype)
+
+
+@triton.jit
+def _imp_range(q, i_g, N, scale, s_qn, s_qh, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi,
+               NBPRE, s_kb, s_in, G: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr,
                D: tl.constexpr, TMA: tl.constexpr):
     # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
     # selection blocks: a query's probabilities summed over its heads, then over each block's own R
@@ -174,7 +189,7 @@ def _imp_range(b_q, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, 
     # imp launch 18.7 -> 13.8 us there on an H100, 31.4 -> 21.8 at 128K: bench/NOTES.md, session 36)
     JB: tl.constexpr = BC // R
     BM: tl.constexpr = CR * GP
-    b_qt = tl.reshape(tl.permute(tl.reshape(b_q, [CR, GP, D]), [2, 1, 0]), [D, BM])      # [D, (GP, CR)]
+    b_qt = _load_qt_cols(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, D, GP)               # [D, (GP, CR)]
     b_ls = tl.reshape(tl.trans(tl.reshape(b_lsafe, [CR, GP])), [BM])
     m_rt = tl.reshape(tl.trans(tl.reshape(m_r.to(tl.int32), [CR, GP])), [BM]) != 0
     o_u = tl.arange(0, R)

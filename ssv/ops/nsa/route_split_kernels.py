@@ -191,7 +191,7 @@ def nsa_route_imp_fwd_kernel(
     pdl_prologue(PDL)
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT = tl.num_programs(2)
-    b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
+    _, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m, b_l, b_a = _merge_splits(m_in, l_in, a_in, o_qi * HQ + o_hq, m_r, N, HQ, NSPLIT, o_d, i_s == 0, BM, NSP, D,
                                   WANT_O)
     b_lsafe = _finish_softmax(b_m, b_l, b_a, lse, o_cmp, o_qi, o_hq, m_r, o_d, HQ, i_s == 0, D, WANT_O)
@@ -202,8 +202,9 @@ def nsa_route_imp_fwd_kernel(
         JB: tl.constexpr = BC // R
         JPS = tl.cdiv(tl.cdiv(tl.maximum(NJO, 1), NCS), JB) * JB
         j_lo = i_s * JPS
-        _imp_range(b_q, b_lsafe, kc + i_h * s_kh, kd, i_h, own + i_h * s_ih, tail + i_h * s_ih, o_qc, m_c, m_r,
-                   o_d, j_lo, tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, R, A, BC, CR, GP, D, TMA)
+        _imp_range(q, i_g, N, scale, s_qn, s_qh, b_lsafe, kc + i_h * s_kh, kd, i_h, own + i_h * s_ih,
+                   tail + i_h * s_ih, o_qc, m_c, m_r, o_d, j_lo, tl.minimum(j_lo + JPS, NJO), NBPRE, s_kb, s_in, G, R,
+                   A, BC, CR, GP, D, TMA)
     else:
         b = i_s - NCS
         o_b = tl.arange(0, NBPP)

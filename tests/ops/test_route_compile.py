@@ -1,0 +1,25 @@
+"""Routing's launches at the product's shapes compile for sm_90 (Hopper) with triton's own ptxas, no GPU
+needed: the interpreter tests run the kernels' math but never lower their layouts, and session 37
+found one (the transposed importance sweep at 16 rows, the AR step at Llama 64K) that only an H100
+refused (scripts/compile_route_launches.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")
+def test_route_launches_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compile_route_launches.py")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    lines = [x for x in r.stdout.splitlines() if "warps" in x]
+    assert r.returncode == 0, "\n".join(x for x in lines if "FAILED" in x) or r.stderr[-2000:]
+    # every case launched its kernels: score + imp + top-n (two sweeps) or score + merge (one)
+    assert len(lines) == 13 and not any("FAILED" in x for x in lines)
