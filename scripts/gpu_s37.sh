@@ -5,6 +5,7 @@
 #           probe_route.py's "no tail" and warps variants), then the Llama-8B step table at STEPS (64K) for
 #           the base and the head, each from an empty directory (`ssv bench e2e --no-default --steps`)
 #   call 2: bash scripts/gpu_s37.sh 2   carry [".whl"]: the routing CUDA tests in full
+#   call 3: bash scripts/gpu_s37.sh 3   carry [".whl", ".stage/base-route"]: see below
 # BASE_COMMIT / SSV_COMMIT name them. Results: $OUT/probe-route-*.json, $OUT/steps-{base,head}/, logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -22,5 +23,17 @@ case "${1:?call number}" in
     ;;
 2)
     ROUNDS=0 TESTS_TIMEOUT=${TESTS_TIMEOUT:-540} bash scripts/gpu_route_ab.sh 2>&1 | tail -6
+    ;;
+3)  # after the importance sweep's compile fix (6d05a3c), carry [".whl", ".stage/base-route"]: the head's step
+    # table at STEPS (ar-nsa at 64K compiles again), one routing A/B round over the AR and verify-pass cases,
+    # then the routing CUDA tests with the call's remaining time
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    mkdir -p /tmp/steps-cwd-head
+    (cd /tmp/steps-cwd-head && PYTHONPATH=$R:/tmp/site SSV_COMMIT=${SSV_COMMIT:-head} timeout ${STEPS_TIMEOUT:-200} \
+        python3 -m ssv bench e2e --no-default --steps ${STEPS:-65536 131072} --out "$OUTD/steps-head" 2>&1 \
+        | grep -v -i warn | tail -22)
+    ROUNDS=1 NO_TESTS=1 CASES="${CASES:-0 15 16 6 17}" bash scripts/gpu_route_ab.sh 2>&1 | grep -v "^package" | cut -c1-200
+    ROUNDS=0 TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} bash scripts/gpu_route_ab.sh 2>&1 | tail -6
     ;;
 esac
