@@ -13,13 +13,15 @@ from ssv.ops.utils import pow2
 from .test_nsa_kernels import CUDA, DEV
 
 
-@pytest.mark.parametrize("seed,nsel,nbs,levels", [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5),
-                                                   (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0),
-                                                   (7, 2, 40, 0),    # as many forced blocks as n
-                                                   (8, 5, 300, -1), (9, 16, 70, -2), (10, 7, 130, -2)])
-@pytest.mark.parametrize("qc, srt, tail, merge", [(qc, srt, False, merge) for qc in (1, 4) for srt in (True, False)
-                                                  for merge in (False, True)] + [(1, False, True, False),
-                                                                                 (4, False, True, False)])
+ROWS = [(0, 4, 13, 3), (1, 16, 70, 2), (2, 5, 9, 1), (3, 16, 300, 5), (4, 3, 2, 2), (5, 16, 300, 0), (6, 7, 130, 0),
+        (7, 2, 40, 0),    # as many forced blocks as n
+        (8, 5, 300, -1), (9, 16, 70, -2), (10, 7, 130, -2)]   # rows built for the bisection's tail tile
+FORMS = [(qc, srt, False, merge) for qc in (1, 4) for srt in (True, False) for merge in (False, True)] + [
+    (1, False, True, False), (4, False, True, False)]
+
+
+@pytest.mark.parametrize("seed,nsel,nbs,levels,qc,srt,tail,merge",
+                         [r + f for r in ROWS for f in FORMS if r[3] >= 0 or not f[1]])
 def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, tail, merge):
     """Both selections: the bitonic top-k (short rows) and the bisection (long rows), the latter
     also over a row split into a power-of-two tile and a tail tile (the row's last blocks, where the
