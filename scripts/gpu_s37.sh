@@ -34,6 +34,9 @@ case "${1:?call number}" in
         python3 -m ssv bench e2e --no-default --steps ${STEPS:-65536 131072} --out "$OUTD/steps-head" 2>&1 \
         | grep -v -i warn | tail -22)
     ROUNDS=1 NO_TESTS=1 CASES="${CASES:-0 15 16 6 17}" bash scripts/gpu_route_ab.sh 2>&1 | grep -v "^package" | cut -c1-200
-    ROUNDS=0 TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} bash scripts/gpu_route_ab.sh 2>&1 | tail -6
+    # the two-sweep routing tests first (call 2 failed 4 of them), then the device-length and top-n files
+    PYTHONPATH=$R:/tmp/site timeout ${TESTS_TIMEOUT:-280} python3 -m pytest -q -p no:cacheprovider \
+        tests/ops/test_nsa_kernels.py -k "sweeps or twin or device_len or route_topk" tests/ops/test_nsa_device_len.py tests/ops/test_route_topk.py \
+        2>&1 | tail -6 | tee "$OUTD/tests-route-${SSV_COMMIT:-head}.log"
     ;;
 esac
