@@ -4,14 +4,10 @@ at 4 / 2 / 1 warps: registers, static SASS and the bisection loop's body (a back
 usage: python scripts/compile_topn_sm90.py"""
 import os
 import re
-import subprocess
 import sys
-import tempfile
-
-import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sm90 import compile_sm90  # noqa: E402
+from sm90 import compile_sm90, sass_lines  # noqa: E402
 import ssv.ops.nsa.route_split_kernels as M  # noqa: E402
 
 fn = M.nsa_route_topk_fwd_kernel
@@ -22,16 +18,12 @@ for bj, bt, w in ((2048, 0, 4), (1024, 16, 4), (1024, 16, 2), (1024, 16, 1)):
     const = dict(QC=1, LS=64, R=4, A=2, BJ=bj, NSEL=16, NSELP=16, SORTED=False, FORCED_FIRST=True, FORCED_LOCAL=2,
                  NBPP=16, NW=8, BT=bt, PDL=True)
     cc, use = compile_sm90(fn, sig, const, w)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cc.asm["cubin"])
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    ins = [l for l in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", l)]
-    # the bisection loop: the backward branch's target to the branch
-    br = [(i, l) for i, l in enumerate(ins) if "BRA" in l]
+    ins = sass_lines(cc)
     print(f"BJ {bj} BT {bt} warps {w}: REG/STACK/SHARED {use}, {len(ins)} static SASS")
-    addr = lambda l: int(re.match(r"\s+/\*([0-9a-f]{4})\*/", l).group(1), 16)
-    for i, l in br:
-        t = re.search(r"0x([0-9a-f]+)", l.split("BRA")[1])
-        if t and int(t.group(1), 16) < addr(l):
-            print("   backward branch", hex(addr(l)), "->", t.group(0), "loop body", (addr(l) - int(t.group(1), 16)) // 16, "instructions")
+    # the bisection loop: the first backward branch, from its target to the branch
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in ins]
+    for a, ln in zip(addr, ins):
+        t = re.search(r"0x([0-9a-f]+)", ln.split("BRA")[1]) if "BRA" in ln else None
+        if t and int(t.group(1), 16) < a:
+            print("   bisection loop", t.group(0), "->", hex(a), "body", (a - int(t.group(1), 16)) // 16, "instructions")
+            break

@@ -23,3 +23,14 @@ def compile_sm90(fn, sig: dict, const: dict, warps: int = 4):
     use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     return cc, re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", use).groups()
+
+
+def sass_lines(cc) -> list:
+    """The compiled kernel's SASS instruction lines (cuobjdump over its cubin), each "/*addr*/ op ...;"
+    with branch targets as addresses."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cc.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]

@@ -5,16 +5,14 @@ static SASS instructions, and the bisection loop's body (run ~13-17 times: topn_
 kernels are checked against torch on random rows in the interpreter first (TRITON_INTERPRET=1 is set
 here for that check; the compile is separate). usage: python3 scripts/topn_radix_sm90.py"""
 import os
-import re
 import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
 import triton.language as tl
 
-from sm90 import compile_sm90
+from sm90 import compile_sm90, sass_lines
 
 
 @triton.jit
@@ -67,12 +65,7 @@ def radix_kernel(x, out, NBS, NSEL: tl.constexpr, BJ: tl.constexpr, BITS: tl.con
 
 def sass(fn, sig, const):
     cc, use = compile_sm90(fn, sig, const)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cc.asm["cubin"])
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
-    return use, [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
+    return use, sass_lines(cc)
 
 
 def check():

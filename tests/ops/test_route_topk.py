@@ -38,7 +38,8 @@ def test_topk_kernel_takes_tie_broken_top_n(seed, nsel, nbs, levels, qc, srt, ta
         psum = torch.rand(n, hkv, nb, generator=gen) ** 4
         psum[1, 0, 5:9] = psum[1, 0, 9]   # one row with a tie, beside rows without
     if levels == -1:   # the largest scores in the row's last blocks (a tail tile's), a few ties
-        psum = (torch.arange(nb).float() / nb + torch.randint(0, 3, (n, hkv, nb), generator=gen) * 0.01).round(decimals=2)
+        noise = torch.randint(0, 3, (n, hkv, nb), generator=gen) * 0.01
+        psum = (torch.arange(nb).float() / nb + noise).round(decimals=2)
     if levels == -2:   # two levels: ties that overflow n across a tail tile's boundary
         psum = torch.randint(0, 2, (n, hkv, nb), generator=gen).float()
     pos = torch.randint(0, nbs * 16, (n,), generator=gen)

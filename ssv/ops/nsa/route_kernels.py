@@ -177,8 +177,8 @@ def _load_qt_cols(q, i_g, i_h, N, scale, s_qn, s_qh, G: tl.constexpr, CR: tl.con
 
 @triton.jit
 def _imp_range(q, i_g, N, scale, s_qn, s_qh, b_lsafe, kc, kd, i_h, own, tail, o_qc, m_c, m_r, o_d, j_lo, j_hi,
-               NBPRE, s_kb, s_in, G: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr, CR: tl.constexpr, GP: tl.constexpr,
-               D: tl.constexpr, TMA: tl.constexpr):
+               NBPRE, s_kb, s_in, G: tl.constexpr, R: tl.constexpr, A: tl.constexpr, BC: tl.constexpr,
+               CR: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
     # selection blocks [j_lo, j_hi) from the committed compression blocks, in tiles of BC // R whole
     # selection blocks: a query's probabilities summed over its heads, then over each block's own R
     # compression blocks ("own") and over its last A - 1 ("tail", which block j + 1 also overlaps):
