@@ -115,7 +115,8 @@ def main(out, against=None, slot_tiles=(), cases=None):
                 continue
             idx, imp = (x.cpu() for x in run(**kw)[:2])
             sel[key] = idx
-            same = None if name == "policy" else torch.equal(idx, sel[f"{shape} {T} {N} policy"])
+            pol = sel.get(f"{shape} {T} {N} policy")   # None where the policy's launch failed
+            same = None if name == "policy" or pol is None else torch.equal(idx, pol)
             policy_form = "fused" if fused else ("split, one sweep" if one else "split")
             row = dict(shape=shape, context=T, tree=N, variant=name, us=us, kernels_us=per,
                        form=policy_form if name == "policy" else name, idx_equal_policy=same)

@@ -132,3 +132,20 @@ def test_plan_route_splits_rows_just_past_a_power_of_two():
     assert plan_route(64, 32, 8, 8192, 2048 + 1500, cfg, 132).bt == 0     # 3,548 of 4,096: no gain
     assert plan_route(64, 32, 8, nb, 1000, cfg, 132).bt == 0              # one sweep
     assert plan_route(48, 9, 3, 128, 129, cfg, 132, one_sweep=False).bt == 0   # bitonic (256 wide)
+
+
+def test_plan_route_tail_never_takes_one_warp(monkeypatch):
+    """One warp for small bisection tiles, never with a tail tile (Triton 3.6 miscompiled that form
+    on an H100, session 38), and an explicit one-warp request with a tail is refused."""
+    import ssv.ops.nsa.route_policy as policy
+    from ssv.ops.nsa.route_policy import plan_route
+    monkeypatch.setattr(policy, "SORTED_MAX_BLOCKS", 0)   # the routing test's forced bisection
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=20)
+    # 8 queries, rows of 69 blocks with two sweeps: 64 + a 16-block tail (8 x 80 <= 1,024 elements)
+    lp = plan_route(5, 2, 1, 280, 69, cfg, 132, one_sweep=False)
+    assert (lp.bj, lp.bt, lp.qc, lp.sorted_topk) == (64, 16, 8, False) and lp.topk_warps == 4
+    no_tail = plan_route(5, 2, 1, 280, 69, cfg, 132, one_sweep=False, topk_tail=False)
+    assert (no_tail.bj, no_tail.bt, no_tail.topk_warps) == (128, 0, 1)
+    assert plan_route(5, 2, 1, 280, 69, cfg, 132, one_sweep=False, topk_warps=2).topk_warps == 2
+    with pytest.raises(ValueError, match="at least 2 warps"):
+        plan_route(5, 2, 1, 280, 69, cfg, 132, one_sweep=False, topk_warps=1)
