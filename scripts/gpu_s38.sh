@@ -27,6 +27,20 @@ P
 2)
     python3 scripts/diag_route_rows.py 7 2>&1 | grep -v -i warn | tee "$OUTD/diag-fix.txt" | grep -v "bad rows 0 of"
     echo "variants agreeing: $(grep -c 'bad rows 0 of' "$OUTD/diag-fix.txt")"
+    # isolation: the count from the ranks' maximum (the scan rematerialized in the count's layout) at
+    # 663f930's policy (one warp with the tail): still wrong -> the store's scan layout is the bad one
+    rm -rf /tmp/v && mkdir -p /tmp/v && cp -r ssv /tmp/v/ && git show 663f930:ssv/ops/nsa/route_policy.py > /tmp/v/ssv/ops/nsa/route_policy.py 2>/dev/null \
+        || cp .stage/route_policy-663f930.py /tmp/v/ssv/ops/nsa/route_policy.py
+    python3 - <<'P'
+p = "/tmp/v/ssv/ops/nsa/route_kernels.py"
+s = open(p).read()
+a = "        cnt = tl.sum(sel.to(tl.int32), 1)\n"
+b = "            cnt += tl.sum(sel_t.to(tl.int32), 1)\n"
+assert a in s and b in s
+s = s.replace(a, "        cnt = tl.max(rank, 1) + 1\n").replace(b, "            cnt = tl.max(rank_t, 1) + 1\n")
+open(p, "w").write(s)
+P
+    (PYTHONPATH=/tmp/v python3 scripts/diag_route_rows.py 7 2>&1 | grep -v -i warn | tee "$OUTD/diag-count-from-ranks.txt" | grep -v "bad rows 0 of")
     timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_kernels.py -k route \
         tests/ops/test_nsa_device_len.py tests/ops/test_route_topk.py 2>&1 | tail -5 | tee "$OUTD/tests-route.log"
     ;;
