@@ -1,0 +1,156 @@
+"""Compile for sm_90, on a machine without a GPU (triton's own ptxas), every kernel `nsa_route` and
+`nsa_verify` launch at the shapes of the product's steps: each launcher runs on CPU tensors with its
+kernels replaced by recorders, and each recorded launch (its arguments' types, its constexprs, its
+warps; PDL on and tensor descriptors on, as on Hopper) is compiled. A layout Triton cannot lower for
+one shape fails here before any device time is spent: session 37 found the transposed importance
+sweep (7085361) failing to compile at BM = 16 (the AR step at Llama 64K) only on an H100.
+The verify launches: strict C = 1 and 4, approximate C = 16 and the dense plan's form (a window over
+the whole cache, C = 1 for one query, 8 for a tree), with and without a KV-split combine launch.
+Not covered: miscompiles (code that builds and computes wrong: session 38's one-warp top-n tail; the
+GPU tests find those). Prints one line a launch; exits 1 on a failure. tests/ops/test_compile_launches.py
+runs it.
+    python scripts/compile_launches.py [--quick]
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90 import compile_sm90  # noqa: E402
+
+import ssv.ops.nsa.route as route  # noqa: E402
+import ssv.ops.nsa.verify as verify  # noqa: E402
+from ssv.bench.kernels import SHAPES  # noqa: E402
+from ssv.config import NSAConfig  # noqa: E402
+from ssv.ops.nsa.naive import num_cmp_blocks  # noqa: E402
+
+# (shape, context, queries): the AR step and the 48-node verify pass, one sweep and two
+CASES = [("llama3.1-8b", 65536, 1), ("llama3.1-8b", 65536, 48), ("llama3.1-8b", 131072, 64),
+         ("smollm2-135m", 4096, 1), ("smollm2-135m", 4096, 48)]
+QUICK = [0, 1, 4]
+KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_imp_fwd_kernel", "nsa_route_topk_fwd_kernel",
+           "nsa_route_merge_topk_fwd_kernel")
+SHOWN = ("C", "BM", "BS", "APPROX", "SPLIT", "FOLD", "BJ", "BT")   # the constexprs a line shows
+VERIFY_KERNELS = ("nsa_verify_fwd_kernel", "nsa_verify_combine_kernel")
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+         torch.int64: "i64", torch.uint8: "u8"}
+
+
+class Recorder:
+    def __init__(self, name, fn, launches):
+        self.name, self.fn, self.launches = name, fn, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps=4, **const):
+            self.launches.append((self.name, self.fn, args, num_warps, const))
+        return launch
+
+
+def arg_type(a):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if isinstance(a, torch.Tensor):
+        return "*" + TYPES[a.dtype]
+    if isinstance(a, TensorDescriptor):
+        return f"tensordesc<{TYPES[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+    if isinstance(a, bool):
+        return "i1"
+    return "fp32" if isinstance(a, float) else "i32"
+
+
+def record(shape, T, N):
+    hq, hkv, d = SHAPES[shape]
+    cfg = NSAConfig()
+    nb = num_cmp_blocks(T, cfg)
+    bf = dict(dtype=torch.bfloat16)
+    q = torch.zeros(N, hq, d, **bf)
+    kc, vc = torch.zeros(hkv, nb, d, **bf), torch.zeros(hkv, nb, d, **bf)
+    k = torch.zeros(hkv, T + N, d, **bf)
+    pos = T + torch.arange(N)   # a chain's positions: the launches' shapes do not depend on the tree
+    mask = torch.ones(N, N, dtype=torch.bool).tril()
+    plen = torch.tensor([T], dtype=torch.int32)
+    w, s0, npath = route.path_block_weights_device(plen, pos, mask, cfg)
+    launches = []
+    saved = {n: getattr(route, n) for n in KERNELS}
+    sm = route.sm_count
+    try:
+        for n, fn in saved.items():
+            setattr(route, n, Recorder(n, fn, launches))
+        route.sm_count = lambda dev: 132   # an H100's
+        route.nsa_route(q, kc, vc, torch.tensor([nb], dtype=torch.int32), k, k, w, s0, npath, pos, cfg,
+                        max_pos=T + N - 1, tma=True)
+    finally:
+        for n, fn in saved.items():
+            setattr(route, n, fn)
+        route.sm_count = sm
+    return launches
+
+
+def record_verify(shape, T, N):
+    """The verify launches of one step: the cache's capacity T + N, the prefix length on the device (a
+    graphed step's form), the plan's selections (all -1 here: the launch does not depend on them)."""
+    hq, hkv, d = SHAPES[shape]
+    cfg = NSAConfig()
+    bf = dict(dtype=torch.bfloat16)
+    q = torch.zeros(N, hq, d, **bf)
+    k = torch.zeros(hkv, T + N, d, **bf)
+    pos = T + torch.arange(N, dtype=torch.int32)
+    mask = torch.ones(N, N, dtype=torch.uint8).tril()
+    plen = torch.tensor([T], dtype=torch.int32)
+    idx = torch.full((N, hkv, cfg.n_select), -1, dtype=torch.int32)
+    none = torch.full((N, hkv, 1), -1, dtype=torch.int32)
+    forms = [(1, False)] if N == 1 else [(1, False), (4, False), (16, True)]
+    launches = []
+    saved = {n: getattr(verify, n) for n in VERIFY_KERNELS}
+    sm = verify.sm_count
+    try:
+        for n, fn in saved.items():
+            setattr(verify, n, Recorder(n, fn, launches))
+        verify.sm_count = lambda dev: 132
+        for c, approx in forms:
+            for fold in (None, False):   # the policy's merge, and the split form's combine launch
+                verify.nsa_verify(q, k, k, plen, pos, mask, idx, cfg.slc_block, cfg.window, group_size=c,
+                                  approx=approx, tma=True, fold=fold, n_split=None if fold is None else 4)
+        # the dense plan (KernelDensePlan): 64-token blocks, no selection, a window over the whole cache
+        verify.nsa_verify(q, k, k, plen, pos, mask, none, 64, T + N, group_size=1 if N == 1 else 8, tma=True)
+    finally:
+        for n, fn in saved.items():
+            setattr(verify, n, fn)
+        verify.sm_count = sm
+    return launches
+
+
+def main(quick: bool) -> int:
+    bad, seen = 0, set()
+    for i, (shape, T, N) in enumerate(CASES):
+        if quick and i not in QUICK:
+            continue
+        for name, fn, args, warps, const in record(shape, T, N) + record_verify(shape, T, N):
+            names = list(fn.arg_names)
+            sig = {n: arg_type(a) for n, a in zip(names, args)}
+            stages = const.get("num_stages")
+            const = {k: v for k, v in const.items() if k in names}
+            const["PDL"] = True   # a superset: verify takes PDL where its policy says it pays
+            key = (name, tuple(sorted(sig.items())), tuple(sorted(const.items())), warps, stages)
+            if key in seen:
+                continue
+            seen.add(key)
+            t0 = time.time()
+            try:
+                reg = compile_sm90(fn, sig, const, warps, stages)[1]
+                res = f"REG/STACK/SHARED {'/'.join(reg)}"
+            except Exception as e:  # noqa: BLE001 - the report is the point
+                bad += 1
+                res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            form = " ".join(f"{k}={int(const[k])}" for k in SHOWN if k in const)
+            print(f"{shape:13s} {T:6d} {N:3d} {name.replace('nsa_', '').replace('_fwd_kernel', '').replace('_kernel', ''):17s} "
+                  f"{warps} warps  {res}  ({time.time() - t0:.1f} s)  {form}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.exit(main("--quick" in sys.argv))
