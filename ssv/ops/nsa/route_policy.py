@@ -103,9 +103,9 @@ def plan_route(n: int, hq: int, hkv: int, nb_cap: int, nbs: int, cfg: NSAConfig,
             bj, bt = half, pow2(over, TAIL_MIN)
     qc = 1 if srt else max(1, min(pow2(n, 1), TOPK_ELEMS // bj))
     # one warp for small bisection tiles, never with the tail: Triton 3.6 on sm_90 miscompiled the
-    # tail at one warp (H100, session 38: a row's first tail block written over its tile's last
-    # selected one; 2 and 4 warps right; bench/NOTES.md). The product's tails (rows past 1,024
-    # blocks, one query a tile) take 4 warps anyway
+    # tail at one warp (H100, session 38: the rank scan feeding the tail's indexed store came out one
+    # low on a row, its first block written over the tile's last selected one; 2 and 4 warps right;
+    # bench/NOTES.md). The product's tails (rows past 1,024 blocks, one query a tile) take 4 warps
     warps = 4 if srt else (1 if bt == 0 and qc * bj <= 1024 else 4)
     if topk_warps == 1 and bt:
         raise ValueError("plan_route: the top-n's tail tile needs at least 2 warps (one warp miscompiles "
