@@ -165,10 +165,12 @@ def grow_spares(tok, par, score, T: int, K: int, k: int, order: str, spec_depth:
 
 def no_spares(tree, K: int):
     """K placeholder spares for `attach_chain_device(compact=True)`, which drops them: copies of the
-    root's child at index 1, under the root."""
+    root's child at index 1 (of the root itself in a root-only tree: the chain alone drafts), under
+    the root."""
     from ssv.spec.device import DeviceTree
     one = torch.ones(K, dtype=torch.long, device=tree.tokens.device)
-    return DeviceTree(tree.tokens[1] * one, 0 * one, torch.full((K,), float("-inf"), device=one.device), one)
+    tok = tree.tokens[min(1, tree.tokens.numel() - 1)]
+    return DeviceTree(tok * one, 0 * one, torch.full((K,), float("-inf"), device=one.device), one)
 
 
 def grow_with_chain(expand, root_token: torch.Tensor, root_logp: torch.Tensor, opts, dlen: torch.Tensor,

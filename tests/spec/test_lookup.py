@@ -256,3 +256,20 @@ def test_the_fixed_shape_chain_accepts_what_the_host_tree_accepts(seed, K, order
     got = [int(full.tokens[i]) for i in path[1:int(n)]] + [int(bonus)]
     res = accept_greedy(host_flat, target_logits(host_flat.tokens, host_flat.parents))
     assert got == res.tokens + [res.bonus]
+
+
+@pytest.mark.parametrize("spares", [True, False])
+@pytest.mark.parametrize("round_", ["host", "device"])
+def test_a_root_only_tree_drafts_from_the_context_alone(models, round_, spares):
+    """A tree of the root alone beside a lookup (`--tree-tokens T --lookup T - 1`: prompt-lookup
+    decoding, no head node verified): AR's tokens, rounds carried by the chain. The device round's
+    compact form once indexed the root's first child for its placeholder spares and failed here."""
+    target, drafter = models
+    ids, n = repetitive(), 40
+    runner = Runner(target, attention="nsa", nsa=NSA)
+    ar = generate_ar(runner, ids, SamplingParams(), n)
+    engine = DeviceEngine(runner, drafter) if round_ == "device" else None
+    res = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 3, 1), lookup=6, spares=spares),
+                        engine=engine)
+    assert res.token_ids == ar.token_ids
+    assert res.stats["mean_accepted_length"] > 1.5
