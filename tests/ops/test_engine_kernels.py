@@ -229,6 +229,24 @@ def test_graph_replay_equals_eager_lookup_round():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_root_only_lookup_round():
+    """A root-only head tree beside the chain (prompt-lookup decoding: the fused lookup launches on a
+    tree of one node): graphed equals eager, and both equal the AR steps of the same runner."""
+    target, prompt, head = _lookup_case("cuda", torch.bfloat16)
+    outs = {}
+    for graphs in (False, True):
+        r = Runner(target, attention="nsa", nsa=NSA, max_len=260)
+        ar = generate_ar(r, prompt, GREEDY, 60, engine=DeviceEngine(r, graphs=graphs))
+        d = Eagle3Drafter(head, target)
+        sp = generate_spec(r, d, prompt, GREEDY, 60, opts=SpecOptions(tree=TreeSpec(3, 3, 1), lookup=8),
+                           engine=DeviceEngine(r, d, graphs=graphs))
+        assert sp.token_ids == ar.token_ids and sp.stats["mean_accepted_length"] > 1.5
+        outs[graphs] = (sp.token_ids, sp.stats["rounds"])
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_eager_sampled_lookup_round():
     """A sampled round with the chain (its accept walk one child wider and past the head's depth, the
     coins [T + K, top_k + 2]): graphed equals eager for the same seed, and the history the lookup
