@@ -146,7 +146,8 @@ def main(quick: bool) -> int:
                 bad += 1
                 res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
             form = " ".join(f"{k}={int(const[k])}" for k in SHOWN if k in const)
-            print(f"{shape:13s} {T:6d} {N:3d} {name.replace('nsa_', '').replace('_fwd_kernel', '').replace('_kernel', ''):17s} "
+            short = name.replace('nsa_', '').replace('_fwd_kernel', '').replace('_kernel', '')
+            print(f"{shape:13s} {T:6d} {N:3d} {short:17s} "
                   f"{warps} warps  {res}  ({time.time() - t0:.1f} s)  {form}", flush=True)
     return 1 if bad else 0
 

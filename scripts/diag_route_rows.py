@@ -47,7 +47,8 @@ for c in [int(a) for a in sys.argv[1:]] or [7]:
                     if bad.any():
                         i, h = [int(x) for x in bad.nonzero()[0]]
                         row = imp[i, h]
-                        print("   row", i, h, "pos", int(pos[i]), "kernel", idx[i, h].tolist(), "ref", ref[i, h].tolist())
+                        print("   row", i, h, "pos", int(pos[i]), "kernel", idx[i, h].tolist(),
+                              "ref", ref[i, h].tolist())
                         top = torch.sort(-row, stable=True)
                         print("   keys", [(int(j), float(row[j])) for j in top.indices[:8]])
                         print("   kernel's", [(int(j), float(row[j])) for j in idx[i, h] if j >= 0])

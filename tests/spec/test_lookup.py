@@ -269,7 +269,7 @@ def test_a_root_only_tree_drafts_from_the_context_alone(models, round_, spares):
     runner = Runner(target, attention="nsa", nsa=NSA)
     ar = generate_ar(runner, ids, SamplingParams(), n)
     engine = DeviceEngine(runner, drafter) if round_ == "device" else None
-    res = generate_spec(runner, drafter, ids, SamplingParams(), n, SpecOptions(TreeSpec(2, 3, 1), lookup=6, spares=spares),
-                        engine=engine)
+    opts = SpecOptions(TreeSpec(2, 3, 1), lookup=6, spares=spares)
+    res = generate_spec(runner, drafter, ids, SamplingParams(), n, opts, engine=engine)
     assert res.token_ids == ar.token_ids
     assert res.stats["mean_accepted_length"] > 1.5
