@@ -13,6 +13,7 @@ runs it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -61,6 +62,23 @@ def arg_type(a):
     return "fp32" if isinstance(a, float) else "i32"
 
 
+@contextlib.contextmanager
+def recording(module, kernels, launches):
+    """The launcher module's kernels replaced by recorders appending to `launches`, and its SM count an
+    H100's, for the duration."""
+    saved = {n: getattr(module, n) for n in kernels}
+    sm = module.sm_count
+    try:
+        for n, fn in saved.items():
+            setattr(module, n, Recorder(n, fn, launches))
+        module.sm_count = lambda dev: 132
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(module, n, fn)
+        module.sm_count = sm
+
+
 def record(shape, T, N):
     hq, hkv, d = SHAPES[shape]
     cfg = NSAConfig()
@@ -74,18 +92,9 @@ def record(shape, T, N):
     plen = torch.tensor([T], dtype=torch.int32)
     w, s0, npath = route.path_block_weights_device(plen, pos, mask, cfg)
     launches = []
-    saved = {n: getattr(route, n) for n in KERNELS}
-    sm = route.sm_count
-    try:
-        for n, fn in saved.items():
-            setattr(route, n, Recorder(n, fn, launches))
-        route.sm_count = lambda dev: 132   # an H100's
+    with recording(route, KERNELS, launches):
         route.nsa_route(q, kc, vc, torch.tensor([nb], dtype=torch.int32), k, k, w, s0, npath, pos, cfg,
                         max_pos=T + N - 1, tma=True)
-    finally:
-        for n, fn in saved.items():
-            setattr(route, n, fn)
-        route.sm_count = sm
     return launches
 
 
@@ -104,22 +113,13 @@ def record_verify(shape, T, N):
     none = torch.full((N, hkv, 1), -1, dtype=torch.int32)
     forms = [(1, False)] if N == 1 else [(1, False), (4, False), (16, True)]
     launches = []
-    saved = {n: getattr(verify, n) for n in VERIFY_KERNELS}
-    sm = verify.sm_count
-    try:
-        for n, fn in saved.items():
-            setattr(verify, n, Recorder(n, fn, launches))
-        verify.sm_count = lambda dev: 132
+    with recording(verify, VERIFY_KERNELS, launches):
         for c, approx in forms:
             for fold in (None, False):   # the policy's merge, and the split form's combine launch
                 verify.nsa_verify(q, k, k, plen, pos, mask, idx, cfg.slc_block, cfg.window, group_size=c,
                                   approx=approx, tma=True, fold=fold, n_split=None if fold is None else 4)
         # the dense plan (KernelDensePlan): 64-token blocks, no selection, a window over the whole cache
         verify.nsa_verify(q, k, k, plen, pos, mask, none, 64, T + N, group_size=1 if N == 1 else 8, tma=True)
-    finally:
-        for n, fn in saved.items():
-            setattr(verify, n, fn)
-        verify.sm_count = sm
     return launches
 
 
