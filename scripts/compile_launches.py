@@ -123,7 +123,17 @@ def record_verify(shape, T, N):
     return launches
 
 
+def header() -> str:
+    """What compiled: the target, triton's and torch's versions, the date and the commit."""
+    import datetime
+    import triton
+    from ssv.bench.kernels import _commit
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return f"# sm_90 (triton {triton.__version__}'s ptxas), torch {torch.__version__}, {date}, commit {_commit()}"
+
+
 def main(quick: bool) -> int:
+    print(header(), flush=True)
     bad, seen = 0, set()
     for i, (shape, T, N) in enumerate(CASES):
         if quick and i not in QUICK:
