@@ -4,30 +4,27 @@
 # On any CUDA machine with the package's dependencies:   scripts/train_draft_gpu.sh train
 # (stage/receive/unpack are for the `device` tool of this workplace, described below.)
 #
-# Through the `device` tool (H200, no internet, <= 64 MiB carried per call including the ~32 MB
-# working tree, <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm --
-# 30 s after a call), the 98 MB GGUF travels in four parts (GGUF_PARTS) over back-to-back calls. The
-# tree (~39 MB with the 24.5 MB head) and one part (~25 MB) leave ~3 MB for anything else a call carries
-# (the wheels 1.1 MB); a run that also carries the corpus parts (~4 MB each) needs GGUF_PARTS=5:
+# Through the `device` tool (no internet, <= 64 MiB carried per call including the ~42 MB working tree,
+# <= 16 MiB per file back, 10 minutes per command, the machine kept only while warm -- 30 s after a
+# call), the 98 MB GGUF travels in five parts (GGUF_PARTS, ~19.7 MB each) over back-to-back calls,
+# and the corpus (python -m ssv.draft.corpus, two parts of ~4 MB) with the first two of them:
 #   1. here, once:  scripts/train_draft_gpu.sh stage
-#        splits the default GGUF into .stage/draft/gguf.part{0..3} and downloads the wheels the
+#        splits the default GGUF into .stage/draft/gguf.part{0..4} and downloads the wheels the
 #        device image lacks (gguf, jinja2) into .whl/  (both paths are git-ignored)
-#   2. run "bash scripts/train_draft_gpu.sh receive 0" carry [".stage/draft/gguf.part0"]
-#      (the general head: also ".stage/corpus/corpus.part0.jsonl.xz", made here by
-#      `python -m ssv.draft.corpus`; part 1 likewise; then `train-general` instead of `train`)
-#      (any command may follow it in the same call, e.g. the kernel tests)
-#   3. AT ONCE: run "bash scripts/train_draft_gpu.sh receive 1" carry [".stage/draft/gguf.part1"],
-#      then likewise "receive 2" with part 2
-#   4. AT ONCE: run "bash scripts/train_draft_gpu.sh train", carry [".stage/draft/gguf.part3",
-#      ".stage/draft/gguf.sha256", ".whl"], timeout_s 600
+#   2. run "bash scripts/train_draft_gpu.sh receive 0" carry [".stage/draft/gguf.part0",
+#      ".stage/corpus/corpus.part0.jsonl.xz"]; any command may follow it in the same call
+#   3. AT ONCE: likewise "receive 1" (part 1 and corpus part 1), then "receive 2" and "receive 3"
+#      (scripts/gpu_s39.sh runs the whole chain with checkpoint-free work in the receiving calls)
+#   4. AT ONCE: run "bash scripts/train_draft_gpu.sh finetune-general" (or train / train-general), carry
+#      [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".whl"], timeout_s 600
 #      exit 75 = stopped by the time budget: send the same call again (same machine, warm) until
 #      it exits 0; it resumes from runs/draft (generated data, state.pt). On exit 0 the head is in
 #      $OUT/head (model.safetensors split into <16 MiB parts) with metrics.jsonl / log.txt / curves.png.
-#      `train` then `spec` (same call: "... train && bash scripts/train_draft_gpu.sh spec") measures
-#      the new head with `ssv bench spec` on the GPU ($OUT/spec-cuda.json).
+#      `spec` in the same call ("... && bash scripts/train_draft_gpu.sh spec") measures the new head
+#      with `ssv bench spec` on the GPU; at most 8 files come back, so give it its own call or --out.
 #   5. here: scripts/train_draft_gpu.sh unpack <files_at>/head   -> ssv/data/eagle3-smollm2/
-# The shipped head (2026-11-30) came from this script before --self-prompts existed (the same command
-# without it); its exact settings are in ssv/data/eagle3-smollm2/train_meta.json.
+# The first head (2026-11-30) came from `train` before --self-prompts existed; the shipped head is its
+# third fine-tune (finetune-general, below); its exact settings are in ssv/data/eagle3-smollm2/train_meta.json.
 # Extra arguments after `train` go to `ssv train-draft` (e.g. --epochs 2 --num-prompts 8000).
 # Measured on one H200 (bf16 teacher): answer generation ~11 prompts/s at --gen-batch 256 with
 # 384-token answers (this script uses 1024, which should be faster, not measured); training
@@ -40,7 +37,7 @@ GGUF=/tmp/ssv-smollm2.gguf
 SITE=/tmp/ssv-site
 RUN=${RUN_DIR:-runs/draft}
 BUDGET=${TIME_BUDGET:-540}
-PARTS=${GGUF_PARTS:-4}   # the tracked tree is ~39 MB: a third of the GGUF no longer fits beside it
+PARTS=${GGUF_PARTS:-5}   # the tracked tree is ~42 MB: a quarter of the GGUF and a corpus part no longer fit beside it
 DEST=ssv/data/eagle3-smollm2
 
 install_wheels() {  # only what the image lacks
@@ -60,13 +57,17 @@ assemble_gguf() {  # the parts (all but the last kept in /tmp/stage by `receive`
     if [ ! -f "$GGUF" ]; then
         mkdir -p /tmp/stage
         for f in "$STAGE"/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
-        n=$(cat "$STAGE/gguf.parts" 2>/dev/null || echo "$PARTS")
+        # the count from gguf.parts where it travelled, else from the parts received (session 39's first
+        # training call carried neither gguf.parts nor GGUF_PARTS and joined four of five parts)
+        n=$(cat "$STAGE/gguf.parts" 2>/dev/null || ls /tmp/stage/gguf.part* 2>/dev/null | wc -l)
+        [ "$n" -gt 0 ] || { echo "no gguf.part* received (see the header)"; exit 2; }
         for ((i = 0; i < n; i++)); do
             [ -f /tmp/stage/gguf.part$i ] || { echo "missing gguf.part$i of $n (see the header)"; exit 2; }
         done
         for ((i = 0; i < n; i++)); do cat /tmp/stage/gguf.part$i; done > "$GGUF.tmp"
         if [ -f "$STAGE/gguf.sha256" ] && [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" != "$(cat "$STAGE/gguf.sha256")" ]; then
-            echo "reassembled GGUF has the wrong checksum"; rm -f "$GGUF.tmp"; exit 2
+            echo "reassembled GGUF ($n parts: $(cd /tmp/stage && ls gguf.part* | tr '\n' ' ')) has the wrong checksum"
+            rm -f "$GGUF.tmp"; exit 2
         fi
         mv "$GGUF.tmp" "$GGUF"
     fi
@@ -103,11 +104,13 @@ train-general)  # the general-purpose head: the shipped recipe plus the corpus (
         --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
 finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus.
-    # The head shipped since 8404035 came from this with --draft-vocab 12288 --self-prompts 1000 (the
-    # starting head's 8,192 ids kept, the 4,096 most frequent answer tokens it lacked added, their rows
-    # mapped from the target's output layer: ssv.draft.vocab.grow_rows), starting from the head shipped
-    # before it (bench/results/draft-grown; run.json records the start's sha256). Run now, it
-    # fine-tunes the shipped head again. INIT_FROM overrides the starting head.
+    # The head shipped since 1695ade (session 39, bench/results/draft-s39) came from this with
+    # --draft-vocab 12288 --num-prompts 1000 --self-prompts 1500 --corpus-prompts 2000 --max-steps 3600
+    # --lr 1.5e-4, starting from the head before it (8404035's: --draft-vocab 12288 --self-prompts 1000,
+    # which kept its start's 8,192 ids and added the 4,096 most frequent answer tokens it lacked, their
+    # rows mapped from the target's output layer by ssv.draft.vocab.grow_rows; bench/results/draft-grown).
+    # run.json records the start's sha256. Run now, it fine-tunes the shipped head again. INIT_FROM
+    # overrides the starting head.
     shift
     set -- --init-from "${INIT_FROM:-default}" "$@"
     exec "$0" train --corpus /tmp/stage/corpus.part0.jsonl.xz,/tmp/stage/corpus.part1.jsonl.xz \

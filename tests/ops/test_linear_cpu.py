@@ -1,5 +1,6 @@
 """The CPU decode step's GEMM forms (ssv/ops/linear/cpu.py) against F.linear, and the layers' dispatch."""
 import zlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -93,6 +94,25 @@ def test_forms_from_env_and_calibration(monkeypatch):
         assert len({got[r - 1] for r in rows}) == 1
 
 
+def test_forms_take_turns_and_keep_their_fastest_call(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cpu, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    order = []
+    durations = {"linear": iter([3.0, 1.0, 2.0]), "transposed": iter([2.5, 2.5, 0.25]), "packed": iter([0.5, 4.0, 0.7])}
+
+    def call(f):
+        order.append(f)
+        clock[0] += next(durations[f])
+
+    got = cpu._time_forms({f: (lambda f=f: call(f)) for f in durations}, reps=3)
+    assert order == ["linear", "transposed", "packed"] * 3     # turns, not one form's reps in a row
+    assert got == {"linear": 1.0, "transposed": 0.25, "packed": 0.5}
+    # the calibration keeps every form's time per probe beside the chosen one's
+    times = cpu._calibrated(torch.get_num_threads())[2]
+    assert set(times) == {m for m, _ in cpu.PROBES} | {cpu.MANY_ROWS}
+    assert set(times[1]) == set(cpu.available_forms()) and "transposed" not in times[cpu.MANY_ROWS]
+
+
 def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
     assert cpu._choose({"linear": 1.0, "transposed": 0.99 / cpu.MARGIN, "packed": 2.0}) == "transposed"
     assert cpu._choose({"linear": 1.0, "transposed": 1.01 / cpu.MARGIN, "packed": 2.0}) == "linear"
@@ -100,12 +120,15 @@ def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
     assert cpu._choose({"linear": 0.5, "transposed": 0.8, "packed": 0.7}) == "linear"
     # the timer replaced: F.linear takes 1.0 at every probe, the other forms what `times` says
     times = {"transposed": {1: 0.5, 2: 0.5, 3: 0.95, 4: 0.3, 6: 2.0, cpu.MANY_ROWS: 0.1},
-             "packed": {1: 0.6, 2: 1.5, 3: 0.7, 4: 0.4, 6: 0.95, cpu.MANY_ROWS: 0.8}}
+             "packed": {1: 0.6, 2: 1.5, 3: 0.7, 4: 0.4, 6: 1.01 / cpu.MARGIN, cpu.MANY_ROWS: 0.8}}
     seen = []
 
-    def fake_time(fn, reps):
-        fn()
-        return seen[-1]
+    def fake_time(fns, reps):
+        out = {}
+        for f, fn in fns.items():
+            fn()
+            out[f] = seen[-1]
+        return out
 
     real = cpu.cpu_linear
 
@@ -113,13 +136,13 @@ def test_calibration_takes_the_fastest_form_only_past_the_margin(monkeypatch):
         seen.append(1.0 if form == "linear" else times[form].get(x.shape[0], 1.0))
         return real(x, w, b, form)
 
-    monkeypatch.setattr(cpu, "_time", fake_time)
+    monkeypatch.setattr(cpu, "_time_forms", fake_time)
     monkeypatch.setattr(cpu, "cpu_linear", spy)
     got = cpu._calibrate(0, hidden=16, inter=32, kv=8, layers=1, reps=1)
     # (many rows: packed, though the transposed form would be faster there: it is never timed for them)
     assert got == ("transposed", "transposed", "packed", "transposed", "linear", "linear", "linear", "linear",
                    "packed")
-    times["packed"][cpu.MANY_ROWS] = 0.95
+    times["packed"][cpu.MANY_ROWS] = 1.01 / cpu.MARGIN
     assert cpu._calibrate(0, hidden=16, inter=32, kv=8, layers=1, reps=1)[-1] == "linear"
 
 

@@ -37,7 +37,11 @@ FORMS = ("linear", "transposed", "packed")
 MAX_ROWS = 8        # rows timed one by one: an AR step and a small tree's verify pass
 MANY_ROWS = 64      # the probe standing for every longer step (48-node verify passes, prefill chunks):
                     # F.linear or packed only (the transposed form fell behind F.linear by 16 rows)
-MARGIN = 1.1        # another form must be this much faster than F.linear to be chosen (a noisy 2-core VM)
+MARGIN = 1.03       # another form must be this much faster than F.linear to be chosen. It was 1.1, which
+                    # sat on this Intel VM's true ratios (packed 1.09-1.15x F.linear at 4-6 rows, 1.06-1.10x
+                    # at 64, every form's time in 12 processes): the form flipped from one process to the
+                    # next (4 rows F.linear in 5 of 12, longer steps in 11 of 12), costing a 2K round ~7%.
+                    # Interleaved minima spread ~3% (bench/NOTES.md, session 39)
 # the row counts timed, each standing for a range: one row (the AR step, padded to two), two (where
 # the transposed form is fastest), three, four (where MKL's F.linear changed kernels on an Intel VM,
 # which decides the CPU's tree), 5-8
@@ -94,15 +98,18 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = Non
     return y if x.dim() == 2 else y.view(*x.shape[:-1], w.shape[0])
 
 
-def _time(fn, reps: int) -> float:
-    # the fastest rep: a noisy VM only ever adds time, and one slow median once put the 1-row step on
-    # the packed form, 20% slower (session 25)
-    ts = []
+def _time_forms(fns: dict, reps: int) -> dict:
+    """Each form's fastest of `reps` calls, the forms taking turns. The fastest: a noisy VM only ever
+    adds time, and one slow median once put the 1-row step on the packed form, 20% slower (session 25).
+    Taking turns: a slow spell of the VM then costs every form alike, where all of one form's reps
+    before the next form's could let one spell decide the choice."""
+    best = {f: float("inf") for f in fns}
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
+        for f, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[f] = min(best[f], time.perf_counter() - t)
+    return best
 
 
 def layer_shapes(hidden: int, inter: int, kv: int) -> list:
@@ -116,9 +123,10 @@ def layer_shapes(hidden: int, inter: int, kv: int) -> list:
 
 
 def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192, layers: int = 8,
-               reps: int = 4, costs: Optional[dict] = None) -> tuple:
+               reps: int = 4, costs: Optional[dict] = None, times: Optional[dict] = None) -> tuple:
     # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count;
-    # costs: filled with each probe's rows -> the chosen form's seconds)
+    # costs: filled with each probe's rows -> the chosen form's seconds; times: probe rows (MANY_ROWS
+    # too) -> every form's seconds)
     # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
     # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one
     # row: 12 weights of 1536 x 576, or three layers, put the packed form first where the model's AR
@@ -130,14 +138,18 @@ def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192
     out = {}
     for m, rows in PROBES:
         xs = {k: torch.full((m, k), 0.5) for k in (hidden, inter)}
-        t = {f: _time(lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws], reps) for f in forms}
+        t = _time_forms({f: lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws] for f in forms}, reps)
         for r in rows:
             out[r] = _choose(t)
         if costs is not None:
             costs[m] = t[out[m]]
+        if times is not None:
+            times[m] = t
     x = {k: torch.full((MANY_ROWS, k), 0.5) for k in (hidden, inter)}
-    many = {f: _time(lambda f=f: [cpu_linear(x[w.shape[1]], w, form=f) for w in ws], reps)
-            for f in forms if f != "transposed"}
+    many = _time_forms({f: lambda f=f: [cpu_linear(x[w.shape[1]], w, form=f) for w in ws]
+                        for f in forms if f != "transposed"}, reps)
+    if times is not None:
+        times[MANY_ROWS] = many
     return tuple(out[r] for r in range(1, MAX_ROWS + 1)) + (_choose(many),)
 
 
@@ -149,10 +161,12 @@ def _choose(t: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _calibrated(threads: int) -> tuple:
-    """(the forms, {probe rows: the chosen form's seconds}) of this thread count, measured once."""
+    """(the forms, {probe rows: the chosen form's seconds}, {probe rows: every form's seconds}) of this
+    thread count, measured once."""
     costs: dict = {}
+    times: dict = {}
     with torch.no_grad():
-        return _calibrate(threads, costs=costs), costs
+        return _calibrate(threads, costs=costs, times=times), costs, times
 
 
 def row_cost(rows: int) -> Optional[float]:
