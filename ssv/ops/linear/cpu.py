@@ -40,7 +40,7 @@ MANY_ROWS = 64      # the probe standing for every longer step (48-node verify p
 MARGIN = 1.03       # another form must be this much faster than F.linear to be chosen. It was 1.1, which
                     # sat on this Intel VM's true ratios (packed 1.09-1.15x F.linear at 4-6 rows, 1.06-1.10x
                     # at 64, every form's time in 12 processes): the form flipped from one process to the
-                    # next (4 rows F.linear in 5 of 12, longer steps in 11 of 12), costing a 2K round ~7%.
+                    # next (4 rows F.linear in 3 of 12, longer steps in 8 of 12), costing a 2K round ~7%.
                     # Interleaved minima spread ~3% (bench/NOTES.md, session 39)
 # the row counts timed, each standing for a range: one row (the AR step, padded to two), two (where
 # the transposed form is fastest), three, four (where MKL's F.linear changed kernels on an Intel VM,
