@@ -123,6 +123,15 @@ def record_verify(shape, T, N):
     return launches
 
 
+def compile_args(fn, args, const) -> tuple:
+    """(signature, constexprs, num_stages) of one recorded launch, as `compile_sm90` takes them."""
+    names = list(fn.arg_names)
+    sig = {n: arg_type(a) for n, a in zip(names, args)}
+    consts = {k: v for k, v in const.items() if k in names}
+    consts["PDL"] = True   # a superset: verify takes PDL where its policy says it pays
+    return sig, consts, const.get("num_stages")
+
+
 def header() -> str:
     """What compiled: the target, triton's and torch's versions, the date and the commit."""
     import datetime
@@ -139,11 +148,7 @@ def main(quick: bool) -> int:
         if quick and i not in QUICK:
             continue
         for name, fn, args, warps, const in record(shape, T, N) + record_verify(shape, T, N):
-            names = list(fn.arg_names)
-            sig = {n: arg_type(a) for n, a in zip(names, args)}
-            stages = const.get("num_stages")
-            const = {k: v for k, v in const.items() if k in names}
-            const["PDL"] = True   # a superset: verify takes PDL where its policy says it pays
+            sig, const, stages = compile_args(fn, args, const)
             key = (name, tuple(sorted(sig.items())), tuple(sorted(const.items())), warps, stages)
             if key in seen:
                 continue

@@ -18,11 +18,7 @@ def main():
         for name, fn, args, warps, const in C.record_verify(shape, T, N):
             if name != "nsa_verify_fwd_kernel" or not const.get("APPROX"):
                 continue
-            names = list(fn.arg_names)
-            sig = {n: C.arg_type(a) for n, a in zip(names, args)}
-            stages = const.get("num_stages")
-            const = {k: v for k, v in const.items() if k in names}
-            const["PDL"] = True
+            sig, const, stages = C.compile_args(fn, args, const)
             for w, st in [(warps, stages), (8, stages), (8, 2), (4, 2)]:
                 reg, stack, shared = compile_sm90(fn, sig, const, w, st)[1]
                 policy = " (policy)" if (w, st) == (warps, stages) else ""

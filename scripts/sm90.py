@@ -16,7 +16,8 @@ def compile_sm90(fn, sig: dict, const: dict, warps: int = 4, stages=None):
     order = list(fn.arg_names)
     src = ASTSource(fn=fn, signature={n: sig.get(n, "constexpr") for n in order},
                     constexprs={(order.index(k),): v for k, v in const.items()})
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, **({} if stages is None else {"num_stages": stages})))
+    opts = dict(num_warps=warps) if stages is None else dict(num_warps=warps, num_stages=stages)
+    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cc.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
