@@ -38,6 +38,13 @@ def load_model(spec: str, device: str, dtype: str | None = None, progress: bool 
     model.inv_freq = rope_inv_freq(ck.config.head_dim, ck.config.rope).to(device)
     if progress:
         print(f"loaded {ck.source} in {time.perf_counter() - t0:.1f}s ({dt}, {device})", file=sys.stderr)
+        if device == "cuda":
+            from ssv.ops.linear.policy import tiles_measured
+            name = torch.cuda.get_device_name(0)
+            if tiles_measured(name) is None:
+                print(f"note: ssv/ops/linear/tiles.json has no tiles for {name}: the decode GEMMs run on cuBLAS "
+                      "(scripts/probe_linear.py --pdl --batch-invariant --tiles ssv/ops/linear/tiles.json measures them)",
+                      file=sys.stderr)
     return model, ck.tokenizer
 
 

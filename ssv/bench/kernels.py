@@ -416,7 +416,12 @@ def environment(device: str = "cuda") -> dict:
         from ssv.ops.linear.cpu import cpu_forms
         return {"device": f"cpu ({os.cpu_count()} cores)", **env, "cpu_gemm": list(cpu_forms())}
     import triton
-    return {"device": torch.cuda.get_device_name(0), "triton": triton.__version__, "cuda": torch.version.cuda, **env}
+
+    from ssv.ops.linear.policy import tiles_measured
+    name = torch.cuda.get_device_name(0)
+    # None: no tuned small-M linear tiles for this GPU, its decode GEMMs on cuBLAS (sessions 31-39's H100 rows)
+    return {"device": name, "triton": triton.__version__, "cuda": torch.version.cuda, **env,
+            "linear_tiles": tiles_measured(name)}
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@ import torch
 
 from ssv.ops.linear.naive import linear_naive
 from ssv.ops.linear.ops import linear
-from ssv.ops.linear.policy import MAX_ROWS, LinearLaunch, default_launch, gemm_key, tuned_launch
+from ssv.ops.linear.policy import MAX_ROWS, LinearLaunch, default_launch, gemm_key, tiles_measured, tuned_launch
 
 from .test_nsa_kernels import CUDA, DEV, DTYPES
 
@@ -104,6 +104,16 @@ def test_tuned_table_picks_listed_gemms_only(tmp_path):
     assert tuned_launch("GPU Y", 1, 576, 1536, acc=True, path=path) is None
     assert tuned_launch("GPU X", MAX_ROWS + 1, 576, 1536, acc=True, path=path) is None
     assert default_launch(1, 576).bm == 16 and default_launch(48, 576).bm == 64
+    assert tiles_measured("GPU X", path=path) == "x"
+    assert tiles_measured("GPU Y", path=path) is None     # benchmarks record it: GEMMs on cuBLAS there
+
+
+def test_shipped_table_names_the_lent_gpus():
+    """The GPUs the project measures on each have an entry (an H100 without one ran cuBLAS for
+    sessions 31-39), dated and keyed exactly as torch names the device."""
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        m = tiles_measured(name)
+        assert m is not None and m[:4] == "2026", (name, m)
 
 
 def test_shipped_table_lists_only_small_weights():

@@ -65,5 +65,12 @@ def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, no
     return LinearLaunch(e.get("bm", row_tile(m)), e["bn"], e["bk"], e["warps"], e["stages"])
 
 
+def tiles_measured(device_name: str, path: Optional[Path] = None) -> Optional[str]:
+    """When and at which commit the table's entry for this device was measured, or None: the device
+    has no entry and every decode GEMM runs on cuBLAS (benchmarks record it beside the device)."""
+    e = _table(str(path or TILES)).get(device_name)
+    return None if e is None else str(e.get("_measured", "unrecorded"))
+
+
 def table_entry(lp: LinearLaunch, us: float, cublas_us: float) -> dict:
     return dict(asdict(lp), us=round(us, 3), cublas_us=round(cublas_us, 3))
