@@ -65,4 +65,19 @@ e)
             --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -30)
     done
     ;;
+rope)  # carry [".whl"]: the q|k|v projection with RoPE and the cache writes in one launch (linear_rope):
+       # its CUDA tests, the probe with --rope writing /tmp/s40/tiles.json (a copy of the shipped table), then
+       # the step table without and with the new entries (A/B/A)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_linear_rope.py tests/ops/test_linear.py 2>&1 \
+        | tail -4 | tee "$OUTD/tests-linear-rope.log"
+    mkdir -p /tmp/s40 && cp ssv/ops/linear/tiles.json /tmp/s40/tiles.json
+    SSV_COMMIT=${SSV_COMMIT:-head} timeout ${PROBE_TIMEOUT:-240} python3 scripts/probe_linear.py "$OUTD/probe-linear-rope.json" \
+        --pdl --batch-invariant --rope --tiles /tmp/s40/tiles.json 2>&1 | grep -v -i warn | grep -i "rope\|qkv" | tail -12
+    cp /tmp/s40/tiles.json "$OUTD/tiles.json"
+    copy_with_tiles /tmp/t1
+    STEPS_TIMEOUT=100 steps "$R" steps-norope-1 4096 8192
+    STEPS_TIMEOUT=100 steps /tmp/t1 steps-rope-1 4096 8192
+    STEPS_TIMEOUT=100 steps "$R" steps-norope-2 4096 8192
+    ;;
 esac

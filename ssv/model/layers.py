@@ -65,13 +65,15 @@ def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor
     return hit[1]
 
 
-def tuned_linear(x: torch.Tensor, w: torch.Tensor, glu: bool = False, norm: bool = False, acc: bool = False):
+def tuned_linear(x: torch.Tensor, w: torch.Tensor, glu: bool = False, norm: bool = False, acc: bool = False,
+                 rope: bool = False):
     """The tiles of the small-M Triton kernel (ssv/ops/linear) for the fused step's GEMM x @ w.T on
-    x's device where its table lists them, else None: cuBLAS."""
+    x's device where its table lists them, else None: cuBLAS (rope: the q|k|v projection with its
+    RoPE and cache writes in the same launch)."""
     from ssv.ops.linear.policy import tuned_launch
     from ssv.ops.utils import device_name
     n = w.shape[0] // 2 if glu else w.shape[0]
-    return tuned_launch(device_name(x.device), x.shape[0], n, w.shape[1], glu, norm, acc)
+    return tuned_launch(device_name(x.device), x.shape[0], n, w.shape[1], glu, norm, acc, rope=rope)
 
 
 def linear(x, w, **kw):
@@ -166,14 +168,20 @@ class Attention(nn.Module):
             raise ValueError("an RMSNorm folds into a projection without bias only")
         w = _cat_cached(self, "_wqkv" if norm is None else "_wqkv_n", parts, None if norm is None else norm.weight)
         b = _cat_cached(self, "_bqkv", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if c.attn_bias else None
+        slots = plan.slots(cache, n)
+        lr = tuned_linear(x, w, norm=norm is not None, rope=True) if b is None else None
+        if lr is not None:   # the norm's row scale, RoPE and the cache writes inside the GEMM's launch
+            from ssv.ops.linear.ops import linear_rope
+            q = linear_rope(x, w, cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer], cache.v[self.layer], slots,
+                            norm_eps=None if norm is None else norm.eps, pos=pos, launch=lr)
+            return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
         lp = tuned_linear(x, w, norm=norm is not None) if b is None else None
         if lp is not None:   # the norm's row scale inside the GEMM's launch
             qkv, norm = linear(x, w, norm_eps=None if norm is None else norm.eps, launch=lp), None
         else:
             qkv = F.linear(x, w, b)
         q = rope_write(qkv, cos, sin, c.n_heads, c.n_kv_heads, cache.k[self.layer],
-                       cache.v[self.layer], plan.slots(cache, n), norm=None if norm is None else (x, norm.eps),
-                       pos=pos)
+                       cache.v[self.layer], slots, norm=None if norm is None else (x, norm.eps), pos=pos)
         return plan.run(self.layer, q, cache, None).reshape(n, -1).to(x.dtype)
 
     def cpu_weights(self) -> list:

@@ -140,7 +140,7 @@ def test_every_shipped_tile_of_this_device_matches_naive():
     from ssv.ops.utils import device_name
     name = device_name(torch.device(DEV))
     entries = json.loads(TILES.read_text()).get(name, {}) if TILES.exists() else {}
-    keys = [k for k in entries if not k.startswith("_")]
+    keys = [k for k in entries if not k.startswith("_") and not k.endswith("-rope")]   # rope: test_linear_rope.py
     if not keys:
         pytest.skip(f"the table lists nothing for {name}")
     for key in keys:

@@ -51,3 +51,66 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
     if ACC:    # the residual, added in fp32 and rounded once (as addmm_)
         b_g += tl.load(p_y, mask=m_y, other=0.0).to(tl.float32)
     tl.store(p_y, b_g.to(y.dtype.element_ty), mask=m_y)
+
+
+@triton.jit
+def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s_wn, s_c, s_qn, s_qh, s_kh, s_kt, eps,
+                           K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, POS: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    # program (head block, row tile) of a q|k|v projection: the columns [c, c + BN) of one head's first
+    # half and their rotate-half partners [c + D/2, ...) in two accumulators, so RoPE needs no other
+    # program's columns; then q to q_out, k and v to the cache rows slots[m] (rope_write's stores)
+    pdl_prologue(PDL)
+    HALF: tl.constexpr = D // 2
+    NB: tl.constexpr = HALF // BN
+    i_u, i_m = tl.program_id(0), tl.program_id(1)
+    i_h, i_j = i_u // NB, i_u % NB          # head among the Hq + 2 Hkv, block within its first half
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < M
+    o_c = i_j * BN + tl.arange(0, BN)
+    p_x = x + o_m.to(tl.int64)[:, None] * s_xm
+    p_1 = w + (i_h * D + o_c).to(tl.int64)[:, None] * s_wn
+    p_2 = p_1 + HALF * s_wn
+    b_1 = tl.zeros([BM, BN], tl.float32)
+    b_2 = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)         # [BM, BK]
+        b_w1 = tl.load(p_1 + o_k[None, :], mask=m_k[None, :], other=0.0)                        # [BN, BK]
+        b_1 += tl.dot(b_x, tl.trans(b_w1), input_precision="ieee")                             # [BM, BN]
+        b_w2 = tl.load(p_2 + o_k[None, :], mask=m_k[None, :], other=0.0)
+        b_2 += tl.dot(b_x, tl.trans(b_w2), input_precision="ieee")
+    if NORM:   # the folded RMSNorm's row scale, as linear_fwd_kernel
+        b_ss = tl.zeros([BM], tl.float32)
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            b_xf = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
+            b_ss += tl.sum(b_xf * b_xf, 1)
+        b_r = tl.math.rsqrt(b_ss / K + eps)[:, None]
+        b_1, b_2 = b_1 * b_r, b_2 * b_r
+    if POS:    # cos / sin tables by position: each row's own
+        i_c = tl.load(pos + o_m, mask=m_m, other=0).to(tl.int64)
+    else:
+        i_c = o_m.to(tl.int64)
+    p_c = i_c[:, None] * s_c + o_c[None, :]
+    m_c = m_m[:, None]
+    b_c1 = tl.load(cos + p_c, mask=m_c, other=0.0)
+    b_s1 = tl.load(sin + p_c, mask=m_c, other=0.0)
+    b_c2 = tl.load(cos + p_c + HALF, mask=m_c, other=0.0)
+    b_s2 = tl.load(sin + p_c + HALF, mask=m_c, other=0.0)
+    if i_h < HQ:
+        p_q = q_out + o_m.to(tl.int64)[:, None] * s_qn + i_h.to(tl.int64) * s_qh + o_c[None, :]
+        tl.store(p_q, (b_1 * b_c1 - b_2 * b_s1).to(q_out.dtype.element_ty), mask=m_c)
+        tl.store(p_q + HALF, (b_2 * b_c2 + b_1 * b_s2).to(q_out.dtype.element_ty), mask=m_c)
+    else:
+        t = tl.load(slots + o_m, mask=m_m, other=0).to(tl.int64)
+        if i_h < HQ + HKV:
+            p_k = kc + (i_h - HQ).to(tl.int64) * s_kh + t[:, None] * s_kt + o_c[None, :]
+            tl.store(p_k, (b_1 * b_c1 - b_2 * b_s1).to(kc.dtype.element_ty), mask=m_c)
+            tl.store(p_k + HALF, (b_2 * b_c2 + b_1 * b_s2).to(kc.dtype.element_ty), mask=m_c)
+        else:
+            p_v = vc + (i_h - HQ - HKV).to(tl.int64) * s_kh + t[:, None] * s_kt + o_c[None, :]
+            tl.store(p_v, b_1.to(vc.dtype.element_ty), mask=m_c)
+            tl.store(p_v + HALF, b_2.to(vc.dtype.element_ty), mask=m_c)

@@ -31,3 +31,20 @@ def linear_naive(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] =
         return a.to(dt)
     out.copy_(a)
     return out
+
+
+def linear_rope_naive(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                      norm_eps: Optional[float] = None, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The q|k|v projection with its RoPE and cache writes, rounded once: a = x @ w.T in fp32 (each row
+    scaled by its 1 / rms with norm_eps), rotate-half RoPE on the q and k heads in fp32 (cos / sin
+    [N, D], [1, D], or tables [P, D] read at rows pos [N]), then q [N, Hq, D] returned in x's dtype and
+    k, v stored at `slots` of k_cache / v_cache [Hkv, L, D] (`ssv.ops.glue.naive.rope_write_naive`
+    on the unrounded product)."""
+    from ssv.ops.glue.naive import rope_write_naive
+    a = linear_naive(x.float(), w.float(), norm_eps=norm_eps)
+    kf, vf = k_cache.float(), v_cache.float()
+    q = rope_write_naive(a, cos.float(), sin.float(), hq, hkv, kf, vf, slots, pos=pos)
+    k_cache.index_copy_(1, slots, kf[:, slots].to(k_cache.dtype))
+    v_cache.index_copy_(1, slots, vf[:, slots].to(v_cache.dtype))
+    return q.to(x.dtype)

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import triton
 
-from ssv.ops.linear.kernels import linear_fwd_kernel
+from ssv.ops.linear.kernels import linear_fwd_kernel, linear_rope_fwd_kernel
 from ssv.ops.linear.policy import LinearLaunch, default_launch
 from ssv.ops.pdl import pdl as pdl_enabled
 
@@ -48,3 +48,57 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
             K=k, BM=lp.bm, BN=lp.bn, BK=lp.bk, NORM=norm_eps is not None, GLU=glu, ACC=accumulate, PDL=pdl,
             num_warps=lp.warps, num_stages=lp.stages, **({"launch_pdl": True} if pdl else {}))
     return out
+
+
+def linear_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm_eps: Optional[float] = None,
+                pos: Optional[torch.Tensor] = None, launch: Optional[LinearLaunch] = None,
+                pdl: Optional[bool] = None) -> torch.Tensor:
+    """The q|k|v projection x [M, K] @ w.T (w [(Hq + 2 Hkv) D, K], an RMSNorm folded in with norm_eps)
+    with rotate-half RoPE on q and k, k and v stored at `slots` [M] of k_cache / v_cache [Hkv, L, D],
+    in one launch (`linear` then `ssv.ops.glue.ops.rope_write`, without rounding the product between
+    them): returns q [M, Hq, D]. cos / sin as rope_write takes them ([M, D], [1, D], or tables with pos).
+    The launch's column tile must divide D / 2 (each program holds a head's columns and their RoPE
+    partners)."""
+    d = cos.shape[-1]
+    m, k = x.shape if x.dim() == 2 else (0, 0)
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"linear_rope: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} "
+                         f"and {tuple(w.shape)}")
+    if w.shape[0] != (hq + 2 * hkv) * d or d & (d - 1) or d < 32:
+        raise ValueError(f"linear_rope: w must have (Hq + 2 Hkv) * D rows with D a power of two >= 32, got "
+                         f"{w.shape[0]} rows for Hq={hq}, Hkv={hkv}, D={d}")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1 \
+            or k_cache.shape[0] != hkv or k_cache.shape[2] != d:
+        raise ValueError(f"linear_rope: k and v caches must be [{hkv}, L, {d}] of one stride, rows contiguous, got "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if slots.shape != (m,):
+        raise ValueError(f"linear_rope: slots must be [{m}], got {tuple(slots.shape)}")
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    if cos.shape != sin.shape:
+        raise ValueError(f"linear_rope: cos and sin differ in shape: {tuple(cos.shape)} / {tuple(sin.shape)}")
+    if pos is not None:
+        if pos.shape != (m,) or pos.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"linear_rope: pos must be [{m}] integer, got {tuple(pos.shape)} {pos.dtype}")
+        pos = pos.contiguous()
+    elif cos.shape[0] not in (1, m):
+        raise ValueError(f"linear_rope: cos / sin must be [{m}, D] or [1, D] without pos, got {tuple(cos.shape)}")
+    lp = default_launch(m, k) if launch is None else launch
+    if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or (d // 2) % lp.bn or lp.warps < 1 or lp.stages < 1:
+        raise ValueError(f"linear_rope: tiles must be powers of two >= 16 with the column tile dividing D / 2 = "
+                         f"{d // 2}, got {lp}")
+    pdl = pdl_enabled(x.device) if pdl is None else pdl
+    if pdl and not pdl_enabled(x.device):
+        raise ValueError("linear_rope: pdl needs a CUDA device of compute capability >= 9, not the interpreter")
+    slots = slots.contiguous()
+    q = torch.empty(m, hq, d, device=x.device, dtype=x.dtype)
+    s_c = cos.stride(0) if (pos is not None or cos.shape[0] == m) else 0
+    if m:
+        grid = ((hq + 2 * hkv) * (d // 2 // lp.bn), triton.cdiv(m, lp.bm))
+        linear_rope_fwd_kernel[grid](
+            x, w, cos, sin, slots, slots if pos is None else pos, q, k_cache, v_cache, m, x.stride(0), w.stride(0),
+            s_c, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            0.0 if norm_eps is None else float(norm_eps), K=k, HQ=hq, HKV=hkv, D=d, BM=lp.bm, BN=lp.bn, BK=lp.bk,
+            NORM=norm_eps is not None, POS=pos is not None, PDL=pdl, num_warps=lp.warps, num_stages=lp.stages,
+            **({"launch_pdl": True} if pdl else {}))
+    return q

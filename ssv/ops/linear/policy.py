@@ -40,9 +40,10 @@ def default_launch(m: int, k: int) -> LinearLaunch:
     return LinearLaunch(row_tile(m), 16, max(16, min(64, triton.next_power_of_2(k))), 4, 4)
 
 
-def gemm_key(m: int, n: int, k: int, glu: bool, norm: bool, acc: bool) -> str:
-    """n: output columns (the gate's for glu)."""
-    return f"bm{row_tile(m)}-n{n}-k{k}" + "-glu" * glu + "-norm" * norm + "-acc" * acc
+def gemm_key(m: int, n: int, k: int, glu: bool, norm: bool, acc: bool, rope: bool = False) -> str:
+    """n: output columns (the gate's for glu); rope: a q|k|v projection ending in RoPE and the cache
+    writes (`linear_rope`)."""
+    return f"bm{row_tile(m)}-n{n}-k{k}" + "-glu" * glu + "-norm" * norm + "-acc" * acc + "-rope" * rope
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,12 +53,12 @@ def _table(path: str) -> dict:
 
 
 def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, norm: bool = False,
-                 acc: bool = False, path: Optional[Path] = None) -> Optional[LinearLaunch]:
+                 acc: bool = False, path: Optional[Path] = None, rope: bool = False) -> Optional[LinearLaunch]:
     """The kernel's tiles for this GEMM on this device (path: the table, TILES by default), or
     None: cuBLAS."""
     if not 1 <= m <= MAX_ROWS:
         return None
-    e = _table(str(path or TILES)).get(device_name, {}).get(gemm_key(m, n, k, glu, norm, acc))
+    e = _table(str(path or TILES)).get(device_name, {}).get(gemm_key(m, n, k, glu, norm, acc, rope))
     if e is None:
         return None
     # an entry may run a wider row tile's rows in narrower programs: "bm": 16 for a verify pass
