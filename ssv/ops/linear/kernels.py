@@ -72,6 +72,19 @@ def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s
     p_x = x + o_m.to(tl.int64)[:, None] * s_xm
     p_1 = w + (i_h * D + o_c).to(tl.int64)[:, None] * s_wn
     p_2 = p_1 + HALF * s_wn
+    # the epilogue's operands (positions, cos / sin, slots) loaded before the weights' loop, so that
+    # their latency hides under it rather than following it
+    if POS:    # cos / sin tables by position: each row's own
+        i_c = tl.load(pos + o_m, mask=m_m, other=0).to(tl.int64)
+    else:
+        i_c = o_m.to(tl.int64)
+    p_c = i_c[:, None] * s_c + o_c[None, :]
+    m_c = m_m[:, None]
+    b_c1 = tl.load(cos + p_c, mask=m_c, other=0.0)
+    b_s1 = tl.load(sin + p_c, mask=m_c, other=0.0)
+    b_c2 = tl.load(cos + p_c + HALF, mask=m_c, other=0.0)
+    b_s2 = tl.load(sin + p_c + HALF, mask=m_c, other=0.0)
+    t = tl.load(slots + o_m, mask=m_m, other=0).to(tl.int64)
     b_1 = tl.zeros([BM, BN], tl.float32)
     b_2 = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
@@ -90,22 +103,11 @@ def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s
             b_ss += tl.sum(b_xf * b_xf, 1)
         b_r = tl.math.rsqrt(b_ss / K + eps)[:, None]
         b_1, b_2 = b_1 * b_r, b_2 * b_r
-    if POS:    # cos / sin tables by position: each row's own
-        i_c = tl.load(pos + o_m, mask=m_m, other=0).to(tl.int64)
-    else:
-        i_c = o_m.to(tl.int64)
-    p_c = i_c[:, None] * s_c + o_c[None, :]
-    m_c = m_m[:, None]
-    b_c1 = tl.load(cos + p_c, mask=m_c, other=0.0)
-    b_s1 = tl.load(sin + p_c, mask=m_c, other=0.0)
-    b_c2 = tl.load(cos + p_c + HALF, mask=m_c, other=0.0)
-    b_s2 = tl.load(sin + p_c + HALF, mask=m_c, other=0.0)
     if i_h < HQ:
         p_q = q_out + o_m.to(tl.int64)[:, None] * s_qn + i_h.to(tl.int64) * s_qh + o_c[None, :]
         tl.store(p_q, (b_1 * b_c1 - b_2 * b_s1).to(q_out.dtype.element_ty), mask=m_c)
         tl.store(p_q + HALF, (b_2 * b_c2 + b_1 * b_s2).to(q_out.dtype.element_ty), mask=m_c)
     else:
-        t = tl.load(slots + o_m, mask=m_m, other=0).to(tl.int64)
         if i_h < HQ + HKV:
             p_k = kc + (i_h - HQ).to(tl.int64) * s_kh + t[:, None] * s_kt + o_c[None, :]
             tl.store(p_k, (b_1 * b_c1 - b_2 * b_s1).to(kc.dtype.element_ty), mask=m_c)
