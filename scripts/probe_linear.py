@@ -52,8 +52,54 @@ def configs(m: int, quick: bool):
     return out[:4] if quick else out
 
 
-def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False):
-    dev = "cuda"
+def choose(label, key, ar_key, base, base_name, candidates, trial, rows, row, best_out, invariant=None, impl="triton",
+           plain=None, dflt=None):
+    """Time every candidate tile (trial(lp) -> (matches the fp32 twin, us); an exception: a tile that
+    does not compile, recorded and skipped), a row each, and list in best_out[key] the fastest that
+    matched where it beats `base` by 1 - MARGIN. With the batch-invariant rule (invariant["_take"], M
+    > 1) only the AR step's tiles (invariant[ar_key] at 16-row programs) may be listed, where they are
+    no slower than base: never a non-invariant kernel. plain(lp) -> us times the best tiles without
+    PDL, for the record. Returns the listed entry or None."""
+    ar = None if invariant is None else invariant.get(ar_key)
+    inv = None if ar is None else LinearLaunch(16, ar["bn"], ar["bk"], ar["warps"], ar["stages"])
+    take_inv = bool(invariant is not None and invariant.get("_take"))
+    best = None
+    for lp in candidates + ([inv] if inv is not None and inv not in candidates else []):
+        try:
+            ok, us = trial(lp)
+        except Exception as e:
+            rows.append(dict(row, impl=impl, config=lp.__dict__, error=str(e)[:200]))
+            continue
+        rows.append(dict(row, impl=impl, config=lp.__dict__, us=us, matches=ok, default=lp == dflt,
+                         batch_invariant=lp == inv))
+        if lp == inv:
+            print(f"{label} {base_name} {base:7.2f} us  the AR step's tiles {us:7.2f}"
+                  + ("" if ok else "  (did not match the fp32 twin)"), flush=True)
+            if take_inv and ok and us <= base:
+                best_out[key] = table_entry(lp, us, base)
+        if ok and (best is None or us < best[1]):
+            best = (lp, us)
+    if best is None:
+        print(f"{label} {base_name} {base:7.2f} us  no tile matched the fp32 twin", flush=True)
+        return None
+    if plain is not None:   # the same tiles launched plainly, for the record
+        us = plain(best[0])
+        rows.append(dict(row, impl="triton", config=best[0].__dict__, us=us))
+        print(f"{label} best tiles with PDL {best[1]:7.2f} us (without {us:7.2f})", flush=True)
+    if take_inv and key not in best_out and inv is not None:
+        print(f"{label} the AR step's tiles failed or lost here: left as it was", flush=True)
+    if not take_inv and best[1] < MARGIN * base and key not in best_out:
+        best_out[key] = table_entry(best[0], best[1], base)
+    print(f"{label} {base_name} {base:7.2f} us  best {best[1]:7.2f} (bn {best[0].bn}, bk {best[0].bk}, stages "
+          f"{best[0].stages})  {'listed' if key in best_out else 'not listed'}", flush=True)
+    return best_out.get(key)
+
+
+def _bench(fn, layers: int) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3 / layers
+
+
+def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev="cuda"):
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, n, k, glu, norm, acc in gemms(shape):
         ws = [torch.randn(2 * n if glu else n, k, device=dev, generator=gen).mul_(k ** -0.5).bfloat16()
@@ -78,69 +124,35 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False):
                     linear(x, w, out=out if acc else None, accumulate=acc, norm_eps=eps, glu=glu, launch=lp, pdl=pdl)
             return f
 
-        base = triton.testing.do_bench_cudagraph(cublas, rep=100, return_mode="median") * 1e3 / layers
-        rows.append(dict(shape=shape, gemm=name, m=m, impl="cublas", config=None, us=base,
-                         weight_mb=ws[0].numel() * 2 / 1e6))
+        def trial(lp):
+            got = linear(x, ws[0], out=torch.zeros_like(out) if acc else None, accumulate=acc, norm_eps=eps, glu=glu,
+                         launch=lp, pdl=pdl)
+            return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)), _bench(triton_fn(lp, pdl), layers)
+
+        base = _bench(cublas, layers)
+        row = dict(shape=shape, gemm=name, m=m)
+        rows.append(dict(row, impl="cublas", config=None, us=base, weight_mb=ws[0].numel() * 2 / 1e6))
         dflt = default_launch(m, k)
-        best = None
-        key = gemm_key(m, n, k, glu, norm, acc)
-        # batch-invariant candidate: the AR step's tiles (16-row programs) over these rows
-        ar = None if invariant is None else invariant.get(gemm_key(1, n, k, glu, norm, acc))
-        inv = None if ar is None else LinearLaunch(16, ar["bn"], ar["bk"], ar["warps"], ar["stages"])
-        for lp in [dflt] + [c for c in configs(m, quick) + ([inv] if inv else []) if c != dflt]:
-            try:
-                got = linear(x, ws[0], out=torch.zeros_like(out) if acc else None, accumulate=acc, norm_eps=eps,
-                             glu=glu, launch=lp, pdl=pdl)
-                ok = bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
-                us = triton.testing.do_bench_cudagraph(triton_fn(lp, pdl), rep=100, return_mode="median") * 1e3 / layers
-            except Exception as e:   # a tile that does not compile (shared memory): recorded, skipped
-                rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=lp.__dict__, error=str(e)[:200]))
-                continue
-            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton-pdl" if pdl else "triton", config=lp.__dict__,
-                             us=us, matches=ok, default=lp == dflt, batch_invariant=lp == inv))
-            if lp == inv:
-                print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  the AR step's tiles {us:7.2f}"
-                      + ("" if ok else "  (did not match the fp32 twin)"), flush=True)
-                if invariant.get("_take") and ok and us <= base:
-                    best_out[key] = table_entry(lp, us, base)
-            if ok and (best is None or us < best[1]):
-                best = (lp, us)
-        if best is None:
-            print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  no tile matched the fp32 twin", flush=True)
-            continue
-        if pdl:   # the same tiles launched plainly, for the record
-            us = triton.testing.do_bench_cudagraph(triton_fn(best[0]), rep=100, return_mode="median") * 1e3 / layers
-            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=best[0].__dict__, us=us))
-            print(f"{shape:14s} {name:8s} m={m:3d} best tiles with PDL {best[1]:7.2f} us (without {us:7.2f})",
-                  flush=True)
-        faster = best[1] < MARGIN * base
-        if invariant is not None and invariant.get("_take") and key not in best_out:
-            # never a non-invariant kernel: the AR step runs this GEMM on cuBLAS, or its tiles failed or lost here
-            if inv is not None:
-                print(f"  {name} m={m}: the AR step's tiles failed or lost to cuBLAS here; the GEMM is left to cuBLAS",
-                      flush=True)
-            faster = False
-        if faster and key not in best_out:
-            best_out[key] = table_entry(best[0], best[1], base)
-        print(f"{shape:14s} {name:8s} m={m:3d} cublas {base:7.2f} us  best {best[1]:7.2f} "
-              f"(bn {best[0].bn}, bk {best[0].bk}, stages {best[0].stages})  {'kernel' if faster else 'cuBLAS'}",
-              flush=True)
+        choose(f"{shape:14s} {name:8s} m={m:3d}", gemm_key(m, n, k, glu, norm, acc), gemm_key(1, n, k, glu, norm, acc),
+               base, "cublas", [dflt] + [c for c in configs(m, quick) if c != dflt], trial, rows, row, best_out,
+               invariant, "triton-pdl" if pdl else "triton", (lambda lp: _bench(triton_fn(lp), layers)) if pdl else None,
+               dflt)
         del ws
 
 
-def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False):
+def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev="cuda"):
     """The q|k|v projection with its RoPE and cache writes: as the step runs it without a rope entry
     (its q|k|v GEMM, on the kernel where `best_out` / the shipped table lists one, else cuBLAS, then
     rope_write's launch) against `linear_rope` at a grid of tiles (column tiles dividing D / 2)."""
+    from ssv.config import RopeConfig
+    from ssv.model.layers import rope_cos_sin, rope_inv_freq
     from ssv.ops.glue.ops import rope_write
     from ssv.ops.linear.ops import linear_rope
     from ssv.ops.linear.policy import tuned_launch
     from ssv.ops.utils import device_name
-    from ssv.model.layers import rope_cos_sin, rope_inv_freq
-    from ssv.config import RopeConfig
     h, _, _ = LAYER[shape]
     hq, hkv, d = HEADS[shape]
-    n, k, dev = (hq + 2 * hkv) * d, h, "cuda"
+    n, k = (hq + 2 * hkv) * d, h
     gen = torch.Generator(device=dev).manual_seed(1)
     ws = [torch.randn(n, k, device=dev, generator=gen).mul_(k ** -0.5).bfloat16() for _ in range(layers)]
     x = (torch.randn(m, k, device=dev, generator=gen) * 4).bfloat16()
@@ -150,8 +162,7 @@ def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False)
     kc = torch.zeros(layers, hkv, 8192, d, device=dev, dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
     want = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=1e-5, pos=pos, pdl=False).float()
-    key = gemm_key(m, n, k, False, True, False)
-    e = best_out.get(key)
+    e = best_out.get(gemm_key(m, n, k, False, True, False))
     lq = (LinearLaunch(e.get("bm", row_tile(m)), e["bn"], e["bk"], e["warps"], e["stages"]) if e is not None
           else tuned_launch(device_name(torch.device(dev)), m, n, k, norm=True))
 
@@ -163,47 +174,25 @@ def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False)
                 qkv, nrm = F.linear(x, w), (x, 1e-5)
             rope_write(qkv, cos, sin, hq, hkv, kc[i], vc[i], slots, norm=nrm, pos=pos)
 
-    def fused_fn(lp, use_pdl):
+    def fused_fn(lp):
         def f():
             for i, w in enumerate(ws):
-                linear_rope(x, w, cos, sin, hq, hkv, kc[i], vc[i], slots, norm_eps=1e-5, pos=pos, launch=lp, pdl=use_pdl)
+                linear_rope(x, w, cos, sin, hq, hkv, kc[i], vc[i], slots, norm_eps=1e-5, pos=pos, launch=lp, pdl=pdl)
         return f
 
-    base = triton.testing.do_bench_cudagraph(unfused, rep=100, return_mode="median") * 1e3 / layers
-    name = "qkv_rope"
-    rows.append(dict(shape=shape, gemm=name, m=m, impl="gemm+rope_write", config=None if lq is None else lq.__dict__,
-                     us=base))
-    rk = gemm_key(m, n, k, False, True, False, rope=True)
-    ar = None if invariant is None else invariant.get(gemm_key(1, n, k, False, True, False, rope=True))
-    inv = None if ar is None else LinearLaunch(16, ar["bn"], ar["bk"], ar["warps"], ar["stages"])
-    grid = [c for c in configs(m, quick) if (d // 2) % c.bn == 0] + ([inv] if inv else [])
-    best = None
-    for lp in grid:
-        try:
-            got = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=1e-5, pos=pos, launch=lp,
-                              pdl=pdl).float()
-            ok = bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2))
-            us = triton.testing.do_bench_cudagraph(fused_fn(lp, pdl), rep=100, return_mode="median") * 1e3 / layers
-        except Exception as ex:
-            rows.append(dict(shape=shape, gemm=name, m=m, impl="triton", config=lp.__dict__, error=str(ex)[:200]))
-            continue
-        rows.append(dict(shape=shape, gemm=name, m=m, impl="triton-pdl" if pdl else "triton", config=lp.__dict__,
-                         us=us, matches=ok, batch_invariant=lp == inv))
-        if lp == inv:
-            print(f"{shape:14s} {name:8s} m={m:3d} unfused {base:7.2f} us  the AR step's tiles {us:7.2f}", flush=True)
-            if invariant.get("_take") and ok and us <= base:
-                best_out[rk] = table_entry(lp, us, base)
-        if ok and (best is None or us < best[1]):
-            best = (lp, us)
-    if best is None:
-        print(f"{shape:14s} {name:8s} m={m:3d} no tile matched", flush=True)
-        return
-    faster = best[1] < MARGIN * base and not (invariant is not None and invariant.get("_take"))
-    if faster and rk not in best_out:
-        best_out[rk] = table_entry(best[0], best[1], base)
-    print(f"{shape:14s} {name:8s} m={m:3d} unfused {base:7.2f} us ({'kernel' if lq else 'cuBLAS'} + rope_write)  "
-          f"best {best[1]:7.2f} (bn {best[0].bn}, bk {best[0].bk}, stages {best[0].stages})  "
-          f"{'listed' if rk in best_out else 'not listed'}", flush=True)
+    def trial(lp):
+        got = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=1e-5, pos=pos, launch=lp,
+                          pdl=pdl).float()
+        return bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2)), _bench(fused_fn(lp), layers)
+
+    base = _bench(unfused, layers)
+    row = dict(shape=shape, gemm="qkv_rope", m=m)
+    rows.append(dict(row, impl="gemm+rope_write", config=None if lq is None else lq.__dict__, us=base))
+    choose(f"{shape:14s} qkv_rope m={m:3d}", gemm_key(m, n, k, False, True, False, rope=True),
+           gemm_key(1, n, k, False, True, False, rope=True), base,
+           f"unfused ({'kernel' if lq else 'cuBLAS'} + rope_write)",
+           [c for c in configs(m, quick) if (d // 2) % c.bn == 0], trial, rows, row, best_out, invariant,
+           "triton-pdl" if pdl else "triton")
 
 
 def main():

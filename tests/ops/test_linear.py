@@ -213,3 +213,64 @@ def test_table_entry_may_narrow_the_row_tile(tmp_path):
     key = gemm_key(48, 576, 1536, False, False, True)
     path.write_text(json.dumps({"GPU X": {key: dict(bm=16, bn=16, bk=256, warps=4, stages=4)}}))
     assert tuned_launch("GPU X", 48, 576, 1536, acc=True, path=path) == LinearLaunch(16, 16, 256, 4, 4)
+
+
+def _probe_module():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("probe_linear", Path(__file__).parents[2] / "scripts" / "probe_linear.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_probe_lists_the_fastest_matching_tile_only_past_the_margin():
+    """scripts/probe_linear.py's choice, which writes tiles.json: a tile that fails to compile or does
+    not match the twin is never listed; the fastest matching one is, where it beats the baseline by 3%."""
+    pl = _probe_module()
+    a, b, c, d = (LinearLaunch(16, bn, 64, 4, s) for bn, s in ((16, 3), (16, 4), (32, 3), (32, 4)))
+    times = {a: (True, 2.0), b: (True, 1.5), d: (False, 1.0)}
+
+    def trial(lp):
+        if lp == c:
+            raise RuntimeError("out of shared memory")
+        return times[lp]
+    for base, listed in ((2.0, b), (1.52, None)):
+        rows, best = [], {}
+        got = pl.choose("x", "key", "ar", base, "cublas", [a, b, c, d], trial, rows, dict(m=1), best)
+        assert (got is None) if listed is None else (got["bn"], got["stages"], got["us"]) == (16, 4, 1.5)
+        assert [r.get("error") is not None for r in rows] == [False, False, True, False]
+
+
+def test_probe_lists_only_the_ar_steps_tiles_under_the_batch_invariant_rule():
+    """For a verify pass's M the probe lists the AR step's tiles at 16-row programs where they are no
+    slower than the baseline, and never a faster tile that is not batch-invariant."""
+    pl = _probe_module()
+    fast = LinearLaunch(64, 16, 64, 4, 3)
+    ar = dict(bn=32, bk=256, warps=4, stages=3)
+    inv = LinearLaunch(16, 32, 256, 4, 3)
+    for inv_us, listed in ((1.9, True), (2.1, False)):
+        times = {fast: (True, 1.0), inv: (True, inv_us)}
+        best = {}
+        got = pl.choose("x", "key48", "key1", 2.0, "cublas", [fast], lambda lp: times[lp], [], dict(m=48), best,
+                        invariant={"key1": ar, "_take": True})
+        assert (got == pl.table_entry(inv, inv_us, 2.0)) if listed else (got is None and best == {})
+
+
+def test_probe_runs_every_gemm_and_the_rope_case(monkeypatch):
+    """The probe end to end on this device with a fake clock (the interpreter on the CPU): every GEMM
+    of the default model's layer and q|k|v with RoPE, every tile compiled, run and checked (on a GPU
+    against its twin: the interpreter's bf16 results are not trusted, it is tested in fp32)."""
+    pl = _probe_module()
+    monkeypatch.setattr(pl, "_bench", lambda fn, layers: (fn(), 1.0)[1])   # a call, then a fixed time
+    grid = pl.configs
+    monkeypatch.setattr(pl, "configs", lambda m, quick: grid(m, quick)[-1:])   # one tile besides the default
+    rows, best = [], {}
+    pl.run("smollm2-135m", 1, 1, True, rows, best, dev=DEV)
+    pl.run_rope("smollm2-135m", 1, 1, True, rows, best, dev=DEV)
+    tiles = [r for r in rows if r["impl"].startswith("triton")]
+    assert {r["gemm"] for r in tiles} == {"qkv", "o", "gate_up", "down", "qkv_rope"}
+    assert all("error" not in r and r["us"] == 1.0 for r in tiles), [r for r in tiles if "error" in r]
+    if CUDA:
+        assert all(r["matches"] for r in tiles)
+    assert best == {}   # no tile beat the (equal) baseline by 3%
