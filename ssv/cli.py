@@ -42,8 +42,8 @@ def load_model(spec: str, device: str, dtype: str | None = None, progress: bool 
             from ssv.ops.linear.policy import tiles_measured
             name = torch.cuda.get_device_name(0)
             if tiles_measured(name) is None:
-                print(f"note: ssv/ops/linear/tiles.json has no tiles for {name}: the decode GEMMs run on cuBLAS "
-                      "(scripts/probe_linear.py --pdl --batch-invariant --tiles ssv/ops/linear/tiles.json measures them)",
+                print(f"note: no small-M linear tiles for {name}: the decode GEMMs run on cuBLAS "
+                      "(`ssv bench linear --pdl --batch-invariant --rope --save` measures them for this GPU)",
                       file=sys.stderr)
     return model, ck.tokenizer
 
@@ -395,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     from ssv.bench import e2e as bench_e2e
     bench_e2e.add_args(be)
     be.set_defaults(func=bench_e2e.cmd_bench_e2e)
+    bl = bsub.add_parser("linear", help="the decode step's small GEMMs: cuBLAS against the Triton kernel's tiles; "
+                                        "--save lists the winners for this GPU")
+    from ssv.bench import linear as bench_linear
+    bench_linear.add_args(bl)
+    bl.set_defaults(func=bench_linear.cmd_bench_linear)
     bp = bsub.add_parser("planner", help="the adaptive planner against every fixed strategy on a mixed prompt set")
     from ssv.bench import planner as bench_planner
     bench_planner.add_args(bp)

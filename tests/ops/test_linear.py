@@ -111,8 +111,9 @@ def test_tuned_table_picks_listed_gemms_only(tmp_path):
 def test_shipped_table_names_the_lent_gpus():
     """The GPUs the project measures on each have an entry (an H100 without one ran cuBLAS for
     sessions 31-39), dated and keyed exactly as torch names the device."""
+    from ssv.ops.linear.policy import TILES
     for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
-        m = tiles_measured(name)
+        m = tiles_measured(name, path=TILES)
         assert m is not None and m[:4] == "2026", (name, m)
 
 
@@ -148,7 +149,7 @@ def test_every_shipped_tile_of_this_device_matches_naive():
         tile, n, k = int(parts[0][2:]), int(parts[1][1:]), int(parts[2][1:])
         glu, norm, acc = "glu" in parts, "norm" in parts, "acc" in parts
         m = 1 if tile == 16 else tile * 3 // 4   # an AR step's row; 48 of a 64-row verify tile
-        lp = tuned_launch(name, m, n, k, glu, norm, acc)
+        lp = tuned_launch(name, m, n, k, glu, norm, acc, path=TILES)
         x, w, res = _case(m, n, k, glu, n + k)
         eps = 1e-5 if norm else None
         want = linear_naive(x, w, out=res.clone() if acc else None, accumulate=acc, norm_eps=eps, glu=glu)
@@ -216,16 +217,53 @@ def test_table_entry_may_narrow_the_row_tile(tmp_path):
 
 
 def _probe_module():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("probe_linear", Path(__file__).parents[2] / "scripts" / "probe_linear.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import ssv.bench.linear as mod
     return mod
 
 
+def test_this_machines_table_is_read_over_the_shipped_one(tmp_path, monkeypatch):
+    """`ssv bench linear --save` writes $SSV_CACHE/linear-tiles.json: a device it names takes its entry
+    from there; every other device keeps the shipped one."""
+    import json
+    import ssv.ops.linear.policy as policy
+    shipped = json.loads(policy.TILES.read_text())
+    dev = sorted(shipped)[0]
+    key = gemm_key(1, 576, 1536, False, False, True)
+    monkeypatch.setenv("SSV_CACHE", str(tmp_path))
+    (tmp_path / "linear-tiles.json").write_text(json.dumps(
+        {"GPU X": {key: dict(bn=32, bk=128, warps=4, stages=6), "_measured": "mine"}, dev: {"_measured": "mine too"}}))
+    policy._read_tables.cache_clear()
+    try:
+        assert policy.user_tiles_path() == tmp_path / "linear-tiles.json"
+        assert tuned_launch("GPU X", 1, 576, 1536, acc=True) == LinearLaunch(16, 32, 128, 4, 6)
+        assert tiles_measured("GPU X") == "mine" and tiles_measured(dev) == "mine too"
+        assert tuned_launch(dev, 1, 576, 1536, acc=True) is None      # that device's entry replaced whole
+        other = [d for d in shipped if d != dev]
+        assert all(tiles_measured(d) == shipped[d]["_measured"] for d in other)
+    finally:
+        monkeypatch.undo()
+        policy._read_tables.cache_clear()
+    assert tiles_measured("GPU X") is None
+
+
+def test_bench_linear_merges_by_gemm_and_needs_a_gpu(tmp_path):
+    import json
+    pl = _probe_module()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"GPU X": {"a": {"bn": 16}, "b": {"bn": 16}, "_measured": "old"}, "GPU Y": {"c": {}}}))
+    pl.merge_tiles(str(path), "GPU X", {"b": {"bn": 32}}, {"a", "b"}, "new")
+    got = json.loads(path.read_text())
+    assert got == {"GPU X": {"b": {"bn": 32}, "_measured": "new"}, "GPU Y": {"c": {}}}   # "a" timed, lost: dropped
+    pl.merge_tiles(str(path), "GPU X", {}, {"z"}, "newer")
+    assert json.loads(path.read_text())["GPU X"] == {"b": {"bn": 32}, "_measured": "newer"}  # untimed kept
+    if not CUDA:
+        from ssv.cli import main
+        with pytest.raises(SystemExit):
+            main(["bench", "linear", "--out", str(tmp_path)])
+
+
 def test_probe_lists_the_fastest_matching_tile_only_past_the_margin():
-    """scripts/probe_linear.py's choice, which writes tiles.json: a tile that fails to compile or does
+    """`ssv bench linear`'s choice, which writes tiles.json: a tile that fails to compile or does
     not match the twin is never listed; the fastest matching one is, where it beats the baseline by 3%."""
     pl = _probe_module()
     a, b, c, d = (LinearLaunch(16, bn, 64, 4, s) for bn, s in ((16, 3), (16, 4), (32, 3), (32, 4)))

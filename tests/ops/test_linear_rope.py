@@ -200,7 +200,7 @@ def test_every_shipped_rope_tile_of_this_device_matches_naive():
         tile, n, k = int(parts[0][2:]), int(parts[1][1:]), int(parts[2][1:])
         assert n == 15 * 64, key
         m = 1 if tile == 16 else tile * 3 // 4
-        lp = tuned_launch(name, m, n, k, norm="norm" in parts, rope=True)
+        lp = tuned_launch(name, m, n, k, norm="norm" in parts, rope=True, path=TILES)
         x, w, cos, sin, pos, slots = _case(m, 9, 3, 64, k, "pos", n + k, length=64)
         eps = 1e-5 if "norm" in parts else None
         kw, vw = _caches(3, 64, 64)

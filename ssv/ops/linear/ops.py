@@ -19,7 +19,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     [M, N], accumulate adds into out (a residual, in place). out [M, N] may be a view with
     contiguous rows; without it a new tensor in x's dtype. pdl: programmatic dependent launch (CUDA,
     Hopper or newer; None: as every kernel of the step, `ssv.ops.pdl.pdl(x.device)`; False: a plain
-    launch, which `scripts/probe_linear.py --pdl` times against)."""
+    launch, which `ssv bench linear --pdl` times against)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"linear: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")

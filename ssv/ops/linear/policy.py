@@ -1,7 +1,7 @@
 """Launch policy of the small-M linear: which GEMMs take the Triton kernel, and its tiles.
 
 The fused layer takes the kernel only for a GEMM that `tiles.json` lists for the device it runs on:
-`scripts/probe_linear.py --tiles` times every GEMM of a decode step as cuBLAS ran it before (F.linear
+`ssv bench linear --tiles` (ssv/bench/linear.py) times every GEMM of a decode step as cuBLAS ran it before (F.linear
 / addmm_, and the SwiGLU launch after the gate|up GEMM) and the kernel over a grid of tiles, each in
 a CUDA graph of one call per layer over distinct weights, and lists the kernel's best tiles where
 they beat cuBLAS (vLLM's tuned-config files are the model). Anything unlisted stays on cuBLAS.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -46,19 +47,34 @@ def gemm_key(m: int, n: int, k: int, glu: bool, norm: bool, acc: bool, rope: boo
     return f"bm{row_tile(m)}-n{n}-k{k}" + "-glu" * glu + "-norm" * norm + "-acc" * acc + "-rope" * rope
 
 
+def user_tiles_path() -> Path:
+    """This machine's own table (`ssv bench linear --save`), read over the shipped one."""
+    from ssv.loaders.gguf import cache_root
+    return cache_root() / "linear-tiles.json"
+
+
 @functools.lru_cache(maxsize=None)
-def _table(path: str) -> dict:
-    p = Path(path)
-    return json.loads(p.read_text()) if p.exists() else {}
+def _read_tables(paths: tuple) -> dict:
+    out: dict = {}
+    for p in paths:   # later tables' devices replace earlier ones' whole
+        if os.path.exists(p):
+            out.update(json.loads(Path(p).read_text()))
+    return out
+
+
+def _table(path: Optional[str]) -> dict:
+    """The table at path, or (None) the shipped table with this machine's over it. Each file is read
+    once per process (a step asks per GEMM); `_read_tables.cache_clear()` reads them again."""
+    return _read_tables((path,) if path else (str(TILES), str(user_tiles_path())))
 
 
 def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, norm: bool = False,
                  acc: bool = False, path: Optional[Path] = None, rope: bool = False) -> Optional[LinearLaunch]:
-    """The kernel's tiles for this GEMM on this device (path: the table, TILES by default), or
-    None: cuBLAS."""
+    """The kernel's tiles for this GEMM on this device (path: the table; by default the shipped TILES
+    with this machine's $SSV_CACHE/linear-tiles.json over it), or None: cuBLAS."""
     if not 1 <= m <= MAX_ROWS:
         return None
-    e = _table(str(path or TILES)).get(device_name, {}).get(gemm_key(m, n, k, glu, norm, acc, rope))
+    e = _table(path and str(path)).get(device_name, {}).get(gemm_key(m, n, k, glu, norm, acc, rope))
     if e is None:
         return None
     # an entry may run a wider row tile's rows in narrower programs: "bm": 16 for a verify pass
@@ -69,7 +85,7 @@ def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, no
 def tiles_measured(device_name: str, path: Optional[Path] = None) -> Optional[str]:
     """When and at which commit the table's entry for this device was measured, or None: the device
     has no entry and every decode GEMM runs on cuBLAS (benchmarks record it beside the device)."""
-    e = _table(str(path or TILES)).get(device_name)
+    e = _table(path and str(path)).get(device_name)
     return None if e is None else str(e.get("_measured", "unrecorded"))
 
 
