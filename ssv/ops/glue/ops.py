@@ -41,6 +41,21 @@ def _norm_args(norm, n: int, device) -> tuple:
     return x, x.stride(0), float(eps), dict(NORM=True, DM=x.shape[1], BDM=triton.next_power_of_2(x.shape[1]))
 
 
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor, pos: Optional[torch.Tensor], n: int, op: str) -> tuple:
+    """cos / sin for n rows as the RoPE kernels read them: [n, D], [1, D] (one position for every row),
+    or tables [P, D] read at rows pos [n] -> (cos, sin fp32 contiguous, pos contiguous or None, the
+    row stride: 0 for a shared row)."""
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    if pos is not None:
+        if pos.shape != (n,) or pos.dtype not in (torch.int32, torch.int64) or cos.shape != sin.shape:
+            raise ValueError(f"{op}: pos must be [{n}] integer and cos / sin tables of one shape, got "
+                             f"{tuple(pos.shape)} {pos.dtype}, {tuple(cos.shape)} / {tuple(sin.shape)}")
+        return cos, sin, pos.contiguous(), cos.stride(0)
+    if cos.shape != sin.shape or cos.shape[0] not in (1, n):
+        raise ValueError(f"{op}: cos / sin must be [{n}, D] or [1, D], got {tuple(cos.shape)}")
+    return cos, sin, None, cos.stride(0) if cos.shape[0] == n else 0
+
+
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int,
                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, norm=None,
                pos: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -57,18 +72,10 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int,
                          f"{tuple(qkv.shape)} for Hq={hq}, Hkv={hkv}, D={d}")
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1:
         raise ValueError("rope_write: k and v caches must share shape and strides, rows contiguous")
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    cos, sin, pos, s_c = rope_tables(cos, sin, pos, n, "rope_write")
     slots = slots.contiguous()   # the kernel reads slots[n] at n: a strided column would be misread
-    if pos is not None:
-        if pos.shape != (n,) or pos.dtype not in (torch.int32, torch.int64) or cos.shape != sin.shape:
-            raise ValueError(f"rope_write: pos must be [{n}] integer and cos / sin tables of one shape, got "
-                             f"{tuple(pos.shape)} {pos.dtype}, {tuple(cos.shape)} / {tuple(sin.shape)}")
-        pos = pos.contiguous()
-    elif cos.shape != sin.shape or cos.shape[0] not in (1, n):
-        raise ValueError(f"rope_write: cos / sin must be [{n}, D] or [1, D], got {tuple(cos.shape)}")
     xn, s_xn, eps, nk = _norm_args(norm, n, qkv.device)
     q = torch.empty(n, hq, d, device=qkv.device, dtype=qkv.dtype)
-    s_c = cos.stride(0) if (pos is not None or cos.shape[0] == n) else 0
     if n:
         rope_write_fwd_kernel[(n, hq + hkv)](qkv, cos, sin, slots, slots if pos is None else pos, q, k_cache,
                                               v_cache, qkv if xn is None else xn, qkv.stride(0), s_c, q.stride(0),

@@ -8,6 +8,18 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
+def _row_rsqrt(p_x, m_m, eps, K: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr):
+    # the folded RMSNorm's row scale [BM, 1] from the rows (cache-hot by now) in a loop of its own:
+    # no cross-thread sum inside the weights' pipelined loop
+    b_ss = tl.zeros([BM], tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        b_xf = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
+        b_ss += tl.sum(b_xf * b_xf, 1)
+    return tl.math.rsqrt(b_ss / K + eps)[:, None]
+
+
+@triton.jit
 def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, ACC: tl.constexpr,
                       PDL: tl.constexpr = False):
@@ -22,7 +34,6 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
     p_x = x + o_m.to(tl.int64)[:, None] * s_xm
     p_g = w + o_n.to(tl.int64)[:, None] * s_wn
     p_u = w + (o_n + N).to(tl.int64)[:, None] * s_wn       # GLU: the up rows follow the N gate rows
-    b_ss = tl.zeros([BM], tl.float32)
     b_g = tl.zeros([BM, BN], tl.float32)
     b_u = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
@@ -36,13 +47,7 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
             b_wu = tl.load(p_u + o_k[None, :], mask=m_w, other=0.0)
             b_u += tl.dot(b_x, tl.trans(b_wu), input_precision="ieee")
     if NORM:
-        # the folded RMSNorm's row scale, from the rows (cache-hot by now) in a loop of its own: no
-        # cross-thread sum inside the weights' pipelined loop
-        for k0 in range(0, K, BK):
-            o_k = k0 + tl.arange(0, BK)
-            b_xf = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
-            b_ss += tl.sum(b_xf * b_xf, 1)
-        b_r = tl.math.rsqrt(b_ss / K + eps)[:, None]
+        b_r = _row_rsqrt(p_x, m_m, eps, K, BK, BM)
         b_g, b_u = b_g * b_r, b_u * b_r
     if GLU:    # silu rounded to the activations' dtype before the product, as F.silu(g) * u
         b_g = (b_g * tl.sigmoid(b_g)).to(y.dtype.element_ty).to(tl.float32) * b_u
@@ -95,13 +100,8 @@ def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s
         b_1 += tl.dot(b_x, tl.trans(b_w1), input_precision="ieee")                             # [BM, BN]
         b_w2 = tl.load(p_2 + o_k[None, :], mask=m_k[None, :], other=0.0)
         b_2 += tl.dot(b_x, tl.trans(b_w2), input_precision="ieee")
-    if NORM:   # the folded RMSNorm's row scale, as linear_fwd_kernel
-        b_ss = tl.zeros([BM], tl.float32)
-        for k0 in range(0, K, BK):
-            o_k = k0 + tl.arange(0, BK)
-            b_xf = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :], other=0.0).to(tl.float32)
-            b_ss += tl.sum(b_xf * b_xf, 1)
-        b_r = tl.math.rsqrt(b_ss / K + eps)[:, None]
+    if NORM:
+        b_r = _row_rsqrt(p_x, m_m, eps, K, BK, BM)
         b_1, b_2 = b_1 * b_r, b_2 * b_r
     if i_h < HQ:
         p_q = q_out + o_m.to(tl.int64)[:, None] * s_qn + i_h.to(tl.int64) * s_qh + o_c[None, :]

@@ -6,9 +6,30 @@ from typing import Optional
 import torch
 import triton
 
+from ssv.ops.glue.ops import rope_tables
 from ssv.ops.linear.kernels import linear_fwd_kernel, linear_rope_fwd_kernel
 from ssv.ops.linear.policy import LinearLaunch, default_launch
 from ssv.ops.pdl import pdl as pdl_enabled
+
+
+def _check_rows(x: torch.Tensor, w: torch.Tensor, op: str) -> None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"{op}: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+
+
+def _launch_args(lp: LinearLaunch, pdl: Optional[bool], device, op: str, half: Optional[int] = None) -> bool:
+    """Checks the tiles (powers of two >= 16, tl.dot's; half: the column tile must divide it) and
+    resolves pdl (None: as every kernel of the step)."""
+    if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or (half is not None and half % lp.bn) \
+            or lp.warps < 1 or lp.stages < 1:
+        extra = "" if half is None else f" with the column tile dividing D / 2 = {half}"
+        raise ValueError(f"{op}: tiles must be powers of two >= 16{extra}, got {lp}")
+    on = pdl_enabled(device) if pdl is None else pdl
+    if on and not pdl_enabled(device):
+        raise ValueError(f"{op}: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9, "
+                         "not the interpreter")
+    return on
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, accumulate: bool = False,
@@ -20,9 +41,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     contiguous rows; without it a new tensor in x's dtype. pdl: programmatic dependent launch (CUDA,
     Hopper or newer; None: as every kernel of the step, `ssv.ops.pdl.pdl(x.device)`; False: a plain
     launch, which `ssv bench linear --pdl` times against)."""
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
-        raise ValueError(f"linear: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} and "
-                         f"{tuple(w.shape)}")
+    _check_rows(x, w, "linear")
     m, k = x.shape
     n = w.shape[0]
     if glu:
@@ -36,12 +55,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     elif out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"linear: out must be [{m}, {n}] with contiguous rows, got {tuple(out.shape)}")
     lp = default_launch(m, k) if launch is None else launch
-    if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or lp.warps < 1 or lp.stages < 1:
-        raise ValueError(f"linear: tiles must be powers of two >= 16 (tl.dot), got {lp}")
-    pdl = pdl_enabled(x.device) if pdl is None else pdl
-    if pdl and not pdl_enabled(x.device):
-        raise ValueError("linear: pdl (programmatic dependent launch) needs a CUDA device of compute capability >= 9, "
-                         "not the interpreter")
+    pdl = _launch_args(lp, pdl, x.device, "linear")
     if m and n:
         linear_fwd_kernel[(triton.cdiv(n, lp.bn), triton.cdiv(m, lp.bm))](
             x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0), 0.0 if norm_eps is None else float(norm_eps),
@@ -61,10 +75,8 @@ def linear_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.
     The launch's column tile must divide D / 2 (each program holds a head's columns and their RoPE
     partners)."""
     d = cos.shape[-1]
-    m, k = x.shape if x.dim() == 2 else (0, 0)
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1 or w.stride(1) != 1:
-        raise ValueError(f"linear_rope: x must be [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} "
-                         f"and {tuple(w.shape)}")
+    _check_rows(x, w, "linear_rope")
+    m, k = x.shape
     if w.shape[0] != (hq + 2 * hkv) * d or d & (d - 1) or d < 32:
         raise ValueError(f"linear_rope: w must have (Hq + 2 Hkv) * D rows with D a power of two >= 32, got "
                          f"{w.shape[0]} rows for Hq={hq}, Hkv={hkv}, D={d}")
@@ -74,25 +86,11 @@ def linear_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.
                          f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
     if slots.shape != (m,):
         raise ValueError(f"linear_rope: slots must be [{m}], got {tuple(slots.shape)}")
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    if cos.shape != sin.shape:
-        raise ValueError(f"linear_rope: cos and sin differ in shape: {tuple(cos.shape)} / {tuple(sin.shape)}")
-    if pos is not None:
-        if pos.shape != (m,) or pos.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"linear_rope: pos must be [{m}] integer, got {tuple(pos.shape)} {pos.dtype}")
-        pos = pos.contiguous()
-    elif cos.shape[0] not in (1, m):
-        raise ValueError(f"linear_rope: cos / sin must be [{m}, D] or [1, D] without pos, got {tuple(cos.shape)}")
+    cos, sin, pos, s_c = rope_tables(cos, sin, pos, m, "linear_rope")
     lp = default_launch(m, k) if launch is None else launch
-    if any(t < 16 or t & (t - 1) for t in (lp.bm, lp.bn, lp.bk)) or (d // 2) % lp.bn or lp.warps < 1 or lp.stages < 1:
-        raise ValueError(f"linear_rope: tiles must be powers of two >= 16 with the column tile dividing D / 2 = "
-                         f"{d // 2}, got {lp}")
-    pdl = pdl_enabled(x.device) if pdl is None else pdl
-    if pdl and not pdl_enabled(x.device):
-        raise ValueError("linear_rope: pdl needs a CUDA device of compute capability >= 9, not the interpreter")
+    pdl = _launch_args(lp, pdl, x.device, "linear_rope", half=d // 2)
     slots = slots.contiguous()
     q = torch.empty(m, hq, d, device=x.device, dtype=x.dtype)
-    s_c = cos.stride(0) if (pos is not None or cos.shape[0] == m) else 0
     if m:
         grid = ((hq + 2 * hkv) * (d // 2 // lp.bn), triton.cdiv(m, lp.bm))
         linear_rope_fwd_kernel[grid](
