@@ -54,7 +54,9 @@ def user_tiles_path() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _read_tables(paths: tuple) -> dict:
+def _read_tables(path: Optional[str], shipped: Path, cache_env: Optional[str]) -> dict:
+    # keyed by what names the files, not by their resolved paths: an eager step asks per GEMM
+    paths = [path] if path else [str(shipped), str(user_tiles_path())]
     out: dict = {}
     for p in paths:   # later tables' devices replace earlier ones' whole
         if os.path.exists(p):
@@ -64,8 +66,8 @@ def _read_tables(paths: tuple) -> dict:
 
 def _table(path: Optional[str]) -> dict:
     """The table at path, or (None) the shipped table with this machine's over it. Each file is read
-    once per process (a step asks per GEMM); `_read_tables.cache_clear()` reads them again."""
-    return _read_tables((path,) if path else (str(TILES), str(user_tiles_path())))
+    once per process; `_read_tables.cache_clear()` reads them again."""
+    return _read_tables(path, TILES, os.environ.get("SSV_CACHE"))
 
 
 def tuned_launch(device_name: str, m: int, n: int, k: int, glu: bool = False, norm: bool = False,
