@@ -20,6 +20,26 @@ def _row_rsqrt(p_x, m_m, eps, K: tl.constexpr, BK: tl.constexpr, BM: tl.constexp
 
 
 @triton.jit
+def _dot_pair(p_x, p_a, p_b, m_m, m_n, K: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              TWO: tl.constexpr):
+    # x[BM, :] @ a[BN, :].T and (TWO) x @ b[BN, :].T over K in BK chunks, each x chunk loaded once for
+    # both: GLU's gate and up rows, or a head's two RoPE halves
+    b_a = tl.zeros([BM, BN], tl.float32)
+    b_b = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)         # [BM, BK]
+        m_w = m_n[:, None] & m_k[None, :]
+        b_w = tl.load(p_a + o_k[None, :], mask=m_w, other=0.0)                                  # [BN, BK]
+        b_a += tl.dot(b_x, tl.trans(b_w), input_precision="ieee")                              # [BM, BN]
+        if TWO:
+            b_wb = tl.load(p_b + o_k[None, :], mask=m_w, other=0.0)
+            b_b += tl.dot(b_x, tl.trans(b_wb), input_precision="ieee")
+    return b_a, b_b
+
+
+@triton.jit
 def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, ACC: tl.constexpr,
                       PDL: tl.constexpr = False):
@@ -34,18 +54,7 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
     p_x = x + o_m.to(tl.int64)[:, None] * s_xm
     p_g = w + o_n.to(tl.int64)[:, None] * s_wn
     p_u = w + (o_n + N).to(tl.int64)[:, None] * s_wn       # GLU: the up rows follow the N gate rows
-    b_g = tl.zeros([BM, BN], tl.float32)
-    b_u = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < K
-        b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)         # [BM, BK]
-        m_w = m_n[:, None] & m_k[None, :]
-        b_w = tl.load(p_g + o_k[None, :], mask=m_w, other=0.0)                                  # [BN, BK]
-        b_g += tl.dot(b_x, tl.trans(b_w), input_precision="ieee")                              # [BM, BN]
-        if GLU:
-            b_wu = tl.load(p_u + o_k[None, :], mask=m_w, other=0.0)
-            b_u += tl.dot(b_x, tl.trans(b_wu), input_precision="ieee")
+    b_g, b_u = _dot_pair(p_x, p_g, p_u, m_m, m_n, K, BK, BM, BN, GLU)
     if NORM:
         b_r = _row_rsqrt(p_x, m_m, eps, K, BK, BM)
         b_g, b_u = b_g * b_r, b_u * b_r
@@ -90,16 +99,7 @@ def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s
     b_c2 = tl.load(cos + p_c + HALF, mask=m_c, other=0.0)
     b_s2 = tl.load(sin + p_c + HALF, mask=m_c, other=0.0)
     t = tl.load(slots + o_m, mask=m_m, other=0).to(tl.int64)
-    b_1 = tl.zeros([BM, BN], tl.float32)
-    b_2 = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < K
-        b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)         # [BM, BK]
-        b_w1 = tl.load(p_1 + o_k[None, :], mask=m_k[None, :], other=0.0)                        # [BN, BK]
-        b_1 += tl.dot(b_x, tl.trans(b_w1), input_precision="ieee")                             # [BM, BN]
-        b_w2 = tl.load(p_2 + o_k[None, :], mask=m_k[None, :], other=0.0)
-        b_2 += tl.dot(b_x, tl.trans(b_w2), input_precision="ieee")
+    b_1, b_2 = _dot_pair(p_x, p_1, p_2, m_m, tl.full([BN], 1, tl.int1), K, BK, BM, BN, True)   # every column valid
     if NORM:
         b_r = _row_rsqrt(p_x, m_m, eps, K, BK, BM)
         b_1, b_2 = b_1 * b_r, b_2 * b_r
