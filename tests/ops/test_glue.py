@@ -14,6 +14,27 @@ DT = DTYPES[0]
 TOL = dict(rtol=1e-5, atol=1e-5) if DT == torch.float32 else dict(rtol=2e-2, atol=2e-2)
 
 
+def eager_and_fused_layer(model, n: int, before=None) -> list:
+    """Layer 1 over n new tokens after a 17-token prefill, eager then fused (what CUDA runs): for each,
+    its output and layer 1's cache rows, new ones included. before(): called just before each layer
+    call (the prefill has run)."""
+    from ssv.model.layers import rope_cos_sin
+    layer, outs = model.layers[1], []
+    for fused in (False, True):
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.prefill(list(range(3, 20)))
+        meta = StepMeta.chain(r.length, n, device=DEV)
+        plan = r.plan(meta)
+        x = model.embed_tokens(torch.arange(n, device=DEV) + 30)
+        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
+        if before is not None:
+            before()
+        with torch.no_grad():
+            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
+        outs.append((y, r.cache.k[1, :, : r.length + n].clone(), r.cache.v[1, :, : r.length + n].clone()))
+    return outs
+
+
 @pytest.mark.parametrize("n,d", [(1, 64), (7, 48), (3, 576)])
 def test_rmsnorm_matches_naive(n, d):
     g = torch.Generator().manual_seed(n * d)
@@ -155,19 +176,7 @@ def test_fused_block_equals_eager_block(attn_bias):
             for layer in model.layers:
                 for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     p.bias.normal_()
-    outs = []
-    for fused in (False, True):
-        r = Runner(model, attention="dense", max_len=64, backend="reference")
-        r.prefill(list(range(3, 20)))
-        meta = StepMeta.chain(r.length, 5, device=DEV)
-        plan = r.plan(meta)
-        x = model.embed_tokens(torch.arange(5, device=DEV) + 30)
-        from ssv.model.layers import rope_cos_sin
-        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
-        with torch.no_grad():
-            layer = model.layers[1]
-            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
-        outs.append((y, r.cache.k[1, :, : r.length + 5].clone(), r.cache.v[1, :, : r.length + 5].clone()))
+    outs = eager_and_fused_layer(model, 5)
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, **TOL)
 
@@ -262,18 +271,7 @@ def test_fused_block_with_the_linear_kernel_equals_eager(tmp_path, monkeypatch):
         calls.append((w.shape[0], kw.get("glu", False), kw.get("norm_eps") is not None, kw.get("accumulate", False)))
         return real(x, w, **kw)
     monkeypatch.setattr(layers, "linear", counted)
-    outs = []
-    for fused in (False, True):
-        r = Runner(model, attention="dense", max_len=64, backend="reference")
-        r.prefill(list(range(3, 20)))
-        meta = StepMeta.chain(r.length, n, device=DEV)
-        plan = r.plan(meta)
-        x = model.embed_tokens(torch.arange(n, device=DEV) + 30)
-        from ssv.model.layers import rope_cos_sin
-        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
-        with torch.no_grad():
-            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
-        outs.append((y, r.cache.k[1, :, : r.length + n].clone(), r.cache.v[1, :, : r.length + n].clone()))
+    outs = eager_and_fused_layer(model, n)
     # the fused pass took the kernel for all four GEMMs (q|k|v with the norm, o_proj + residual,
     # gate|up with the norm and SwiGLU, down_proj + residual)
     assert sorted(calls) == sorted([(q, False, True, False), (h, False, False, True),

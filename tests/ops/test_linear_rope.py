@@ -5,8 +5,6 @@ import json
 import pytest
 import torch
 
-from ssv.attention import StepMeta
-from ssv.engine.runner import Runner
 from ssv.model.layers import rope_cos_sin, rope_inv_freq
 from ssv.config import RopeConfig
 from ssv.ops.linear.naive import linear_rope_naive
@@ -14,6 +12,7 @@ from ssv.ops.linear.ops import linear_rope
 from ssv.ops.linear.policy import LinearLaunch
 
 from ..conftest import make_tiny_model
+from .test_glue import eager_and_fused_layer
 from .test_linear import _nan_view, _tol
 from .test_nsa_kernels import CUDA, DEV, DTYPES
 
@@ -142,18 +141,9 @@ def test_fused_block_with_the_rope_entry_equals_eager(tmp_path, monkeypatch):
     called = []
     real_rw = glue.rope_write
     monkeypatch.setattr(glue, "rope_write", lambda *a, **kw: called.append("rope_write") or real_rw(*a, **kw))
-    outs = []
-    for fused in (False, True):
-        r = Runner(model, attention="dense", max_len=64, backend="reference")
-        r.prefill(list(range(3, 20)))
-        meta = StepMeta.chain(r.length, n, device=DEV)
-        plan = r.plan(meta)
-        x = model.embed_tokens(torch.arange(n, device=DEV) + 30)
-        cos, sin = rope_cos_sin(meta.positions, model.inv_freq)
-        called.clear()   # the prefill (fused on CUDA, other row tiles) may have called it
-        with torch.no_grad():
-            y = layer._forward_fused(x, cos, sin, plan, r.cache) if fused else layer._forward_eager(x, cos, sin, plan, r.cache)
-        outs.append((y, r.cache.k[1, :, : r.length + n].clone(), r.cache.v[1, :, : r.length + n].clone()))
+    # the prefill (fused on CUDA, other row tiles) may call rope_write: only the layer's call counts
+    outs = eager_and_fused_layer(model, n, before=called.clear)
+    x = torch.zeros(n, c.hidden_size, device=DEV, dtype=DT)
     assert called == [] and layers.tuned_linear(x, torch.zeros(256, 64, device=DEV), norm=True, rope=True) is not None
     for a, b in zip(*outs):
         if DT == torch.float32:
