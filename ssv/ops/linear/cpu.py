@@ -123,10 +123,9 @@ def layer_shapes(hidden: int, inter: int, kv: int) -> list:
 
 
 def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192, layers: int = 8,
-               reps: int = 4, costs: Optional[dict] = None, times: Optional[dict] = None) -> tuple:
+               reps: int = 4, times: Optional[dict] = None) -> tuple:
     # (threads: the cache key of `_calibrated`; the timing runs on torch's current thread count;
-    # costs: filled with each probe's rows -> the chosen form's seconds; times: probe rows (MANY_ROWS
-    # too) -> every form's seconds)
+    # times: filled with probe rows (MANY_ROWS too) -> every form's seconds)
     # the default model's layer shapes, `layers` of them (113 MB a form, 3.5x a 32 MB L3) so that each
     # GEMM reads its weights from memory as a step does. Smaller sets ranked the forms wrongly at one
     # row: 12 weights of 1536 x 576, or three layers, put the packed form first where the model's AR
@@ -141,8 +140,6 @@ def _calibrate(threads: int, hidden: int = 576, inter: int = 1536, kv: int = 192
         t = _time_forms({f: lambda f=f: [cpu_linear(xs[w.shape[1]], w, form=f) for w in ws] for f in forms}, reps)
         for r in rows:
             out[r] = _choose(t)
-        if costs is not None:
-            costs[m] = t[out[m]]
         if times is not None:
             times[m] = t
     x = {k: torch.full((MANY_ROWS, k), 0.5) for k in (hidden, inter)}
@@ -163,10 +160,10 @@ def _choose(t: dict) -> str:
 def _calibrated(threads: int) -> tuple:
     """(the forms, {probe rows: the chosen form's seconds}, {probe rows: every form's seconds}) of this
     thread count, measured once."""
-    costs: dict = {}
     times: dict = {}
     with torch.no_grad():
-        return _calibrate(threads, costs=costs, times=times), costs, times
+        forms = _calibrate(threads, times=times)
+    return forms, {m: times[m][forms[m - 1]] for m, _ in PROBES}, times
 
 
 def row_cost(rows: int) -> Optional[float]:
