@@ -454,3 +454,19 @@ def test_bf16_logits_keep_fp32_accumulator():
     assert got.dtype == torch.float32 and got.shape == (5, 300)
     assert (got - want).abs().max() < 0.05 * want.abs().max() / 40
     assert not torch.equal(got, got.to(torch.bfloat16).float())   # not bf16-rounded
+
+
+def test_building_on_the_meta_device_does_not_import_dynamo():
+    """`load_model` builds the Transformer on the meta device. Random init there (nn.Embedding's normal_,
+    a division) runs torch's reference ops, which import torch._dynamo: ~0.9 s of every CLI start.
+    A fresh interpreter, since other tests may have imported it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom ssv.config import ModelConfig\nfrom ssv.model import Transformer\n"
+            "cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, n_layers=2, n_heads=4, n_kv_heads=2, "
+            "head_dim=8)\n"
+            "with torch.device('meta'):\n    m = Transformer(cfg)\n"
+            "assert m.inv_freq.device.type == 'cpu'\nprint('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
