@@ -195,12 +195,19 @@ class Eagle3Head(nn.Module):
 
 
 def grow_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor) -> Eagle3Head:
-    """A copy of `head` whose draft vocabulary is `new_ids` (a superset of its own): every weight kept,
-    the added tokens' output rows from `ssv.draft.vocab.grow_rows` (target_rows: the target's output
-    layer [vocab, hidden])."""
+    """`remap_head` to a grown draft vocabulary: `new_ids` must contain every id of the head's own."""
+    if not bool(torch.isin(head.target_ids().cpu(), torch.as_tensor(new_ids).cpu()).all()):
+        raise ValueError("the grown vocabulary must contain every old id")
+    return remap_head(head, new_ids, target_rows)
+
+
+def remap_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor) -> Eagle3Head:
+    """A copy of `head` whose draft vocabulary is `new_ids`: every weight but the output rows kept, the
+    rows of ids in both vocabularies kept, the others from `ssv.draft.vocab.remap_rows` (target_rows:
+    the target's output layer [vocab, hidden])."""
     import dataclasses
 
-    from ssv.draft.vocab import grow_rows
+    from ssv.draft.vocab import remap_rows
 
     old = head.target_ids().cpu()
     cfg = dataclasses.replace(head.cfg, draft_vocab_size=int(torch.as_tensor(new_ids).numel()))
@@ -209,7 +216,7 @@ def grow_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor
     sd = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     missing, unexpected = out.load_state_dict(sd, strict=False)
     if unexpected or set(missing) != {"lm_head.weight", "d2t", "t2d"}:
-        raise ValueError(f"grow_head: unexpected weights {unexpected}, missing {missing}")
+        raise ValueError(f"remap_head: unexpected weights {unexpected}, missing {missing}")
     with torch.no_grad():
-        out.lm_head.weight.copy_(grow_rows(head.lm_head.weight, old, out.target_ids().cpu(), target_rows))
+        out.lm_head.weight.copy_(remap_rows(head.lm_head.weight, old, out.target_ids().cpu(), target_rows))
     return out.to(head.lm_head.weight.dtype)

@@ -101,7 +101,8 @@ def _generate(teacher, prompts, max_new_tokens, eos, **kw):
 
 
 def load_split(data_dir: Path, split: str) -> List[dict]:
-    """[{"ids": LongTensor, "prompt_len": int}] of a generated split, in shard order."""
+    """[{"ids": LongTensor, "prompt_len": int, "source": str}] of a generated split, in shard order;
+    source: the prompt's id ("self:..." for the target's own questions) or "raw:..." for a document piece."""
     if not (data_dir / f"{split}.done").exists():
         raise FileNotFoundError(f"{data_dir}: the {split} data has not been generated yet")
     if any(data_dir.glob(f"{split}_raw_*.pt")) and not (data_dir / f"{split}_raw.done").exists():
@@ -110,8 +111,9 @@ def load_split(data_dir: Path, split: str) -> List[dict]:
     for path in sorted(data_dir.glob(f"{split}_*.pt")):
         shard = torch.load(path, weights_only=True)
         seqs = shard["tokens"].to(torch.long).split(shard["lengths"].tolist())
-        for seq, pl in zip(seqs, shard["prompt_len"]):
-            out.append({"ids": seq, "prompt_len": int(pl)})
+        sources = shard.get("prompt_id") or [""] * len(seqs)
+        for seq, pl, src in zip(seqs, shard["prompt_len"], sources):
+            out.append({"ids": seq, "prompt_len": int(pl), "source": src})
     return out
 
 

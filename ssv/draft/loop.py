@@ -15,26 +15,50 @@ import torch
 from ssv.draft import gen
 from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
 from ssv.draft.ttt import ttt_forward
-from ssv.draft.vocab import count_tokens, coverage, grow_ids, top_tokens
+from ssv.draft.vocab import balanced_scores, count_tokens, coverage, grow_ids, top_tokens
 
 SIZE_LIMIT = 25_000_000
 
 
 def build_vocab(run: Path, train_data: List[dict], vocab_size: int, n: int, log: Callable,
-                fixed: Optional[torch.Tensor] = None) -> torch.Tensor:
+                fixed: Optional[torch.Tensor] = None, balanced: bool = False) -> torch.Tensor:
     """The run's draft vocabulary (vocab.pt): the n most frequent answer tokens; or `fixed` (a starting
-    head's), grown to n with the most frequent answer tokens it lacks when n is larger."""
+    head's), grown to n with the most frequent answer tokens it lacks when n is larger. balanced: the
+    n ids of the highest `balanced_scores` over the data's groups (`vocab_groups`), `fixed` or not."""
     path = run / "vocab.pt"
     if path.exists():
         return torch.load(path, weights_only=True)["ids"]
     counts = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data), vocab_size)
-    ids = top_tokens(counts, n) if fixed is None else grow_ids(fixed, counts, n)
+    groups = vocab_groups(train_data, vocab_size)
+    if balanced:
+        ids = top_tokens(balanced_scores(list(groups.values())), n)
+    else:
+        ids = top_tokens(counts, n) if fixed is None else grow_ids(fixed, counts, n)
     cov = coverage(counts, ids)
-    torch.save({"ids": ids, "counts": counts, "coverage": cov}, path)
-    how = "" if fixed is None else (" of the starting head" if len(fixed) == n else
-                                    f" of the starting head ({len(fixed)} ids, {coverage(counts, fixed):.2%}) grown")
+    torch.save({"ids": ids, "counts": counts, "coverage": cov, "balanced": balanced,
+                "group_coverage": {k: coverage(c, ids) for k, c in groups.items()}}, path)
+    how = " (groups weighed equally)" if balanced else ""
+    if fixed is not None:
+        how += (" of the starting head" if len(fixed) == n and not balanced else
+                f", from the starting head's ({len(fixed)} ids, {coverage(counts, fixed):.2%}; "
+                f"{int(torch.isin(ids, fixed).sum())} kept)")
     log(f"draft vocabulary{how}: {len(ids)} of {vocab_size} target tokens cover {cov:.2%} of the answer tokens")
+    for k, c in groups.items():
+        before = f"{coverage(c, fixed):.2%} -> " if fixed is not None else ""
+        log(f"  {k}: {int(c.sum())} tokens, covered {before}{coverage(c, ids):.2%}")
     return ids
+
+
+def vocab_groups(train_data: List[dict], vocab_size: int) -> dict:
+    """Token counts by group: the answers to the target's own general questions ("self"), the other
+    answers, and the document pieces (stdlib source and corpus text)."""
+    def group(s):
+        src = s.get("source", "")
+        return "self answers" if src.startswith("self:") else "documents" if src.startswith("raw:") else "other answers"
+    out = {}
+    for name in ("self answers", "other answers", "documents"):
+        out[name] = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data if group(s) == name), vocab_size)
+    return out
 
 
 def init_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool) -> Eagle3Head:
@@ -63,17 +87,17 @@ class BaseHead(NamedTuple):
 
 def start_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool,
                base: Optional[BaseHead]) -> Eagle3Head:
-    """The head a run starts from: new (`init_head`), the --init-from head's weights, or that head grown
-    to the run's larger vocabulary `ids` (`grow_head`: its rows kept, the added ones mapped from the
-    target's output layer)."""
+    """The head a run starts from: new (`init_head`), the --init-from head's weights, or that head moved
+    to the run's other vocabulary `ids` (grown, or chosen anew: `remap_head`, the rows of the ids in both
+    kept, the others mapped from the target's output layer)."""
     if base is None:
         return init_head(hcfg, ids, sd, from_target)
-    if len(base.ids) == len(ids):
+    if torch.equal(base.ids.cpu(), torch.as_tensor(ids).cpu()):
         head = init_head(hcfg, ids, sd, from_target)
         head.load_state_dict(base.head.state_dict(), strict=True)
         return head
-    from ssv.draft.eagle3 import grow_head
-    return grow_head(base.head, ids, sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+    from ssv.draft.eagle3 import remap_head
+    return remap_head(base.head, ids, sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
 
 
 def load_base_head(spec: str, hcfg: Eagle3Config, target_cfg, layer_ids) -> BaseHead:
@@ -188,7 +212,7 @@ def train_loop(args, run: Path, ck, hcfg: Eagle3Config, teacher, deadline: Optio
     dev = torch.device(args.device)
     train_data, eval_data = gen.load_split(run / "data", "train"), gen.load_split(run / "data", "eval")
     ids = build_vocab(run, train_data, ck.config.vocab_size, args.draft_vocab, log,
-                      fixed=base.ids if base is not None else None)
+                      fixed=base.ids if base is not None else None, balanced=args.balanced_vocab)
     head = start_head(hcfg, ids, ck.state_dict, args.init_from_target, base)   # a resumed run reloads state.pt below
     head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)

@@ -34,10 +34,10 @@ SMOKE = dict(num_prompts=4, eval_prompts=2, max_new_tokens=32, max_prompt_tokens
 RUN_KEYS = ("model", "num_prompts", "eval_prompts", "sources", "max_prompt_tokens", "max_new_tokens",
             "sample_frac", "seq_len", "draft_vocab", "window", "seed", "teacher_backend", "loss_on_prompt",
             "raw_tokens", "raw_eval_tokens", "self_prompts", "corpus", "corpus_prompts", "corpus_tokens",
-            "corpus_eval_tokens", "init_from", "init_from_sha256")
+            "corpus_eval_tokens", "init_from", "init_from_sha256", "balanced_vocab")
 ADDED_KEYS = {"raw_tokens": 0, "raw_eval_tokens": 0, "self_prompts": 0, "corpus": "", "corpus_prompts": 0,
               "corpus_tokens": 0, "corpus_eval_tokens": 0, "init_from": "",
-              "init_from_sha256": ""}  # keys newer than some run folders: their old value
+              "init_from_sha256": "", "balanced_vocab": False}  # keys newer than some run folders: their old value
 
 
 def add_train_draft_parser(subparsers):
@@ -82,6 +82,11 @@ def add_train_draft_parser(subparsers):
     h.add_argument("--draft-vocab", type=int, default=8192,
                    help="draft vocabulary size; with --init-from, a size above the head's own grows its vocabulary "
                         "(its ids and rows kept, the most frequent answer tokens it lacks added)")
+    h.add_argument("--balanced-vocab", action="store_true",
+                   help="count the draft vocabulary with each group of the data weighing equally (the answers to "
+                        "the target's own general questions, the other answers, the document pieces), so that "
+                        "everyday words are not crowded out by the corpus; with --init-from this replaces the "
+                        "head's vocabulary (rows kept for the ids that stay, the others mapped from the target's)")
     h.add_argument("--window", type=int, default=512, help="draft attention window (ssv_draft_window)")
     h.add_argument("--seq-len", type=int, default=2048)
     h.add_argument("--ttt-steps", type=int, default=3)

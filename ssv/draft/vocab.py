@@ -6,7 +6,7 @@ that are in the draft vocabulary. Draft ids are assigned in increasing target-id
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -52,9 +52,25 @@ def count_tokens(sequences: Iterable, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def balanced_scores(groups: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Float64 [vocab] scores that weigh each group's counts equally: the sum of each group's token
+    frequencies (its counts over its total; an empty group adds nothing). Counted over all the data at
+    once, the largest group (the corpus's 5M document tokens) picks most of the vocabulary and the
+    general chat answers' everyday words fall out of it (session 41: " air", " molecules")."""
+    out = None
+    for c in groups:
+        c = torch.as_tensor(c, dtype=torch.float64)
+        out = torch.zeros_like(c) if out is None else out
+        if c.sum() > 0:
+            out += c / c.sum()
+    if out is None:
+        raise ValueError("balanced_scores needs at least one group of counts")
+    return out
+
+
 def top_tokens(counts: torch.Tensor, n: int) -> torch.Tensor:
-    """The n most frequent ids (ties, zero counts included: lower id first), sorted by id."""
-    counts = torch.as_tensor(counts, dtype=torch.long)
+    """The n ids of the highest counts or scores (ties, zeros included: lower id first), sorted by id."""
+    counts = torch.as_tensor(counts)
     if not 0 < n <= counts.numel():
         raise ValueError(f"draft vocabulary size must be in [1, {counts.numel()}], got {n}")
     # stable sort on -count keeps the id order among equal counts
@@ -83,8 +99,18 @@ def grow_ids(old_ids: torch.Tensor, counts: torch.Tensor, n: int) -> torch.Tenso
 
 def grow_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
               target_rows: torch.Tensor) -> torch.Tensor:
-    """Output rows [len(new_ids), H] for a grown draft vocabulary (both id lists sorted, old within new):
-    the head's own rows `w_old` [len(old_ids), H] kept, and each added token's row the target's output
+    """`remap_rows` for a grown draft vocabulary: `new_ids` must contain every old id."""
+    old = torch.as_tensor(old_ids, dtype=torch.long).cpu()
+    new = torch.as_tensor(new_ids, dtype=torch.long).cpu()
+    if not bool(torch.isin(old, new).all()):
+        raise ValueError("the grown vocabulary must contain every old id")
+    return remap_rows(w_old, old, new, target_rows)
+
+
+def remap_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
+               target_rows: torch.Tensor) -> torch.Tensor:
+    """Output rows [len(new_ids), H] for another draft vocabulary (both id lists sorted): the head's own
+    row `w_old` [len(old_ids), H] for every id in both, and each other token's row the target's output
     row of that token (`target_rows` [vocab, Ht]) mapped by the least-squares linear map from the
     target's rows of the old tokens to the head's rows. A trained head's rows are not the target's
     (cosine ~0.02 on the shipped head) but are nearly a linear image of them (~0.76 on rows held out
@@ -94,8 +120,6 @@ def grow_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
     a, b = target_rows.float().cpu()[old], w_old.float().cpu()
     m = torch.linalg.lstsq(a, b).solution                                             # [Ht, H]
     out = target_rows.float().cpu()[new] @ m
-    keep = torch.searchsorted(new, old)
-    if not torch.equal(new[keep], old):
-        raise ValueError("the grown vocabulary must contain every old id")
-    out[keep] = b
+    both = torch.isin(old, new)
+    out[torch.searchsorted(new, old[both])] = b[both]
     return out

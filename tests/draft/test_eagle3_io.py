@@ -239,3 +239,34 @@ def test_grow_head_keeps_old_logits(tmp_path):
     assert cfg.draft_vocab_size == 45 and torch.equal(again.target_ids(), new)
     with pytest.raises(ValueError, match="every old id"):
         grow_head(head, new[new != head.target_ids()[7]], rows)
+
+
+def test_balanced_scores_weigh_groups_equally():
+    from ssv.draft.vocab import balanced_scores, top_tokens
+    big = torch.tensor([1000, 900, 800, 0, 0, 0])       # a large group's frequent tokens
+    small = torch.tensor([0, 0, 0, 5, 0, 1])              # a small group's
+    assert top_tokens(big + small, 3).tolist() == [0, 1, 2]          # raw counts: the small group loses
+    s = balanced_scores([big, small, torch.zeros(6, dtype=torch.long)])   # an empty group adds nothing
+    torch.testing.assert_close(s.sum(), torch.tensor(2.0, dtype=torch.float64))
+    assert top_tokens(s, 3).tolist() == [0, 1, 3]      # the small group's most frequent token enters
+    with pytest.raises(ValueError, match="at least one group"):
+        balanced_scores([])
+
+
+def test_remap_rows_keeps_shared_rows_and_maps_the_rest():
+    from ssv.draft.vocab import remap_rows
+    g = torch.Generator().manual_seed(1)
+    vocab, ht, h = 200, 12, 10
+    target = torch.randn(vocab, ht, generator=g)
+    m = torch.randn(ht, h, generator=g)
+    perm = torch.randperm(vocab, generator=g)
+    old = torch.sort(perm[:80]).values
+    new = torch.sort(torch.cat([perm[20:80], perm[80:110]])).values     # drops 20 old ids, adds 30
+    w_old = target[old] @ m
+    w_old[3] += 1.0                                   # a kept row is copied as it is, never refitted
+    out = remap_rows(w_old, old, new, target)
+    shared = torch.isin(new, old)
+    assert int(shared.sum()) == 60
+    torch.testing.assert_close(out[shared], w_old[torch.searchsorted(old, new[shared])])
+    exact = remap_rows(target[old] @ m, old, new, target)
+    torch.testing.assert_close(exact[~shared], target[new[~shared]] @ m, rtol=1e-3, atol=1e-3)

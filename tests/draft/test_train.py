@@ -217,3 +217,25 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     others = torch.ones_like(counts, dtype=torch.bool)
     others[ids4] = False
     assert counts[added].min() >= counts[others].max()      # the most frequent of the missing ones
+
+    # --balanced-vocab with --init-from: the vocabulary chosen anew, each data group (the answers to the
+    # target's own questions, the other answers, the document pieces) weighing equally; the rows of ids
+    # the start has are kept (lr 0), the others mapped from the target's output layer
+    run5, out5 = tmp_path / "run5", tmp_path / "head5"
+    rev = [a if a != str(run) else str(run5) for a in common] + ["--init-from", str(out), "--balanced-vocab"]
+    assert main(rev + ["--max-steps", "1", "--lr", "0", "--export", str(out5)]) == 0
+    head5, cfg5 = load_eagle3(out5, target=target.cfg)
+    assert cfg5.draft_vocab_size == 30
+    from ssv.draft.loop import vocab_groups
+    from ssv.draft.vocab import balanced_scores, top_tokens
+    groups = vocab_groups(gen.load_split(run5 / "data", "train"), target.cfg.vocab_size)
+    assert all(int(c.sum()) > 0 for c in groups.values())        # three non-empty groups in this run
+    ids5 = head5.target_ids()
+    assert torch.equal(ids5, top_tokens(balanced_scores(list(groups.values())), 30))
+    assert not torch.equal(ids5, head.target_ids())               # the balance changed the choice
+    both = torch.isin(ids5, head.target_ids())
+    assert 0 < int(both.sum()) < 30
+    old_rows = head.lm_head.weight[torch.searchsorted(head.target_ids(), ids5[both])]
+    torch.testing.assert_close(head5.lm_head.weight[both], old_rows, rtol=0, atol=1e-2)   # bf16 export
+    assert torch.isfinite(head5.lm_head.weight).all()
+    assert torch.load(run5 / "vocab.pt", weights_only=True)["balanced"] is True
