@@ -2,7 +2,7 @@
 the target's greedy answer (ar, NEW tokens), teacher-forced through the target and the head; per answer
 the head's top-1 / top-2 / top-8 agreement with the target's next token and the answer's tokens outside
 the draft vocabulary (a drafter can never propose them). CPU fp32; no timing.
-    python scripts/demo_head_agreement.py [OUT.json] [NEW]
+    python scripts/demo_head_agreement.py [OUT.json] [NEW] [HEAD]     (HEAD: a head folder, default the shipped one)
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ PROMPTS = ["Explain in two sentences why the sky is blue.",   # the Makefile's P
            "How do I reverse a list in Python?"]
 
 
-def main(out: str, new: int = 64) -> None:
+def main(out: str, new: int = 64, head: str = "default") -> None:
     model, tok = load_model("default", "cpu", progress=False)
-    drafter = load_drafter("default", model)
+    drafter = load_drafter(head, model)
     vocab = set(drafter.vocab_ids.tolist())
     r = Runner(model, attention="nsa", max_len=512)
     rows = []
@@ -50,11 +50,12 @@ def main(out: str, new: int = 64) -> None:
         print(f"{p[:44]!r:48s} top-1 {top1 / pairs:.2f}  top-2 {hits[2] / pairs:.2f}  top-8 {hits[8] / pairs:.2f}  "
               f"outside the draft vocabulary {len(oov)}/{len(cont) - 1}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    env = dict(device="cpu", torch=torch.__version__, commit=commit, draft_vocab=len(vocab),
+    env = dict(device="cpu", torch=torch.__version__, commit=commit, draft_vocab=len(vocab), head=head,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     json.dump(dict(env=env, new_tokens=new, rows=rows), open(out, "w"), indent=1)
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0] if a else "bench/results/cpu-s37/demo-head-agreement.json", int(a[1]) if len(a) > 1 else 64)
+    main(a[0] if a else "bench/results/cpu-s37/demo-head-agreement.json", int(a[1]) if len(a) > 1 else 64,
+         a[2] if len(a) > 2 else "default")

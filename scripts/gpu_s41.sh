@@ -7,6 +7,9 @@
 #       GPU into a copy of the tile table (session 40 probed linear_rope's first form on an H100 only)
 #   r2: carry [".stage/draft/gguf.part2", ".stage/corpus/corpus.part0.jsonl.xz"]
 #   r3: carry [".stage/draft/gguf.part3", ".stage/corpus/corpus.part1.jsonl.xz"]
+#   rope: carry [".stage/tiles-accee8f.json", ".whl"]   the linear CUDA tests with the H100's re-probed entry
+#       (q|k|v + RoPE in one launch), then the Llama-free step table (random weights, 4K) with it and with
+#       the table before it (accee8f's, no -rope entries for the H100), A/B
 #   t:  carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl"]
 #       the shipped head fine-tuned with its draft vocabulary chosen anew (--balanced-vocab: the answers
 #       to the target's own general questions weigh as much as the other answers and the documents);
@@ -36,6 +39,17 @@ r2)
     ;;
 r3)
     bash scripts/train_draft_gpu.sh receive 3 >/dev/null; keep_corpus
+    ;;
+rope)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    timeout 75 python3 -m pytest -q -p no:cacheprovider tests/ops/test_linear_rope.py tests/ops/test_linear.py 2>&1 \
+        | tail -4 | tee "$OUTD/tests-linear-rope-h100.log"
+    rm -rf /tmp/prev && mkdir -p /tmp/prev && cp -r ssv /tmp/prev/ && cp .stage/tiles-accee8f.json /tmp/prev/ssv/ops/linear/tiles.json
+    steps() {  # $1 package root, $2 out folder: the step table at 4K, from an empty directory
+        mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$1:/tmp/site SSV_COMMIT=${SSV_COMMIT:-head} timeout 100 \
+            python3 -m ssv bench e2e --no-default --steps 4096 --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+    }
+    steps "$R" steps-rope; steps /tmp/prev steps-norope
     ;;
 t)
     TIME_BUDGET=${TIME_BUDGET:-560} bash scripts/train_draft_gpu.sh finetune-general --draft-vocab 12288 \
