@@ -104,11 +104,14 @@ train-general)  # the general-purpose head: the shipped recipe plus the corpus (
         --raw-tokens 1500000 --corpus-tokens 5000000 --corpus-eval-tokens 200000 --seq-len 8192 --epochs 2 "$@"
     ;;
 finetune-general)  # the shipped head fine-tuned on code (its own recipe's sources) plus the general corpus.
-    # The head shipped since 1695ade (session 39, bench/results/draft-s39) came from this with
-    # --draft-vocab 12288 --num-prompts 1000 --self-prompts 1500 --corpus-prompts 2000 --max-steps 3600
-    # --lr 1.5e-4, starting from the head before it (8404035's: --draft-vocab 12288 --self-prompts 1000,
-    # which kept its start's 8,192 ids and added the 4,096 most frequent answer tokens it lacked, their
-    # rows mapped from the target's output layer by ssv.draft.vocab.grow_rows; bench/results/draft-grown).
+    # The head shipped since session 41 (bench/results/draft-s41, scripts/gpu_s41.sh t) came from this with
+    # --draft-vocab 12288 --balanced-vocab --num-prompts 1000 --self-prompts 1500 --corpus-prompts 2000
+    # --max-steps 3600 --lr 1.5e-4, starting from session 39's head (1695ade, bench/results/draft-s39: the
+    # same flags without --balanced-vocab), which started from 8404035's (--draft-vocab 12288
+    # --self-prompts 1000: its start's 8,192 ids kept and the 4,096 most frequent answer tokens it lacked
+    # added, their rows mapped from the target's output layer; bench/results/draft-grown).
+    # --balanced-vocab chose the 12,288 ids anew with the general chat answers, the other answers and
+    # the documents weighing equally (9,293 of session 39's kept; ssv.draft.vocab.remap_rows).
     # run.json records the start's sha256. Run now, it fine-tunes the shipped head again. INIT_FROM
     # overrides the starting head.
     shift

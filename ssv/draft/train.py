@@ -7,7 +7,8 @@ same command is run again (exit status 75 = stopped early, run again; 0 = finish
      (+ with --raw-tokens: plain stdlib source pieces, labelled by the target online,
         and with --corpus: the machine's general text (corpus.py) as long pieces and chat prompts
                                          -> data/{eval,train}_raw_*.pt)
-  3. the draft vocabulary (vocab.py)     -> vocab.pt (the --draft-vocab most frequent answer tokens)
+  3. the draft vocabulary (vocab.py)     -> vocab.pt (the --draft-vocab most frequent answer tokens,
+                                            or by --balanced-vocab)
   4. TTT training (ttt.py), the target recomputing tapped features + logits online for each batch
                                          -> state.pt (every --save-every steps and at the budget),
                                             metrics.jsonl, curves.png (when matplotlib is importable)
@@ -16,7 +17,8 @@ same command is run again (exit status 75 = stopped early, run again; 0 = finish
 Draft vocabulary: the head must stay under 25 MB. With hidden 576 the head without lm_head is
 5.09M parameters (10.2 MB in bf16); lm_head adds 576 * draft_vocab parameters, so 8192 tokens
 give 19.7 MB in bf16 and 12288 24.5 MB (the full 49152 would be 67 MB). 8192 is the default for a new
-head; the shipped head has 12288, grown from 8192 by `--init-from default --draft-vocab 12288`.
+head; the shipped head has 12288, grown from 8192 by `--init-from default --draft-vocab 12288` and later
+chosen anew by `--balanced-vocab` (each data group's frequencies weighing equally).
 """
 from __future__ import annotations
 
