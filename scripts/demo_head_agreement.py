@@ -2,7 +2,9 @@
 the target's greedy answer (ar, NEW tokens), teacher-forced through the target and the head; per answer
 the head's top-1 / top-2 / top-8 agreement with the target's next token and the answer's tokens outside
 the draft vocabulary (a drafter can never propose them). CPU fp32; no timing.
-    python scripts/demo_head_agreement.py [OUT.json] [NEW] [HEAD]     (HEAD: a head folder, default the shipped one)
+    python scripts/demo_head_agreement.py [OUT.json] [NEW] [HEAD] [PROMPTS.json]
+HEAD: a head folder (default the shipped one); PROMPTS.json: a JSON list of questions in place of PROMPTS
+(scripts/heldout_chat.json: questions on the self-prompt topics the head's training holds out).
 """
 from __future__ import annotations
 
@@ -25,13 +27,13 @@ PROMPTS = ["Explain in two sentences why the sky is blue.",   # the Makefile's P
            "How do I reverse a list in Python?"]
 
 
-def main(out: str, new: int = 64, head: str = "default") -> None:
+def main(out: str, new: int = 64, head: str = "default", prompts: list = PROMPTS) -> None:
     model, tok = load_model("default", "cpu", progress=False)
     drafter = load_drafter(head, model)
     vocab = set(drafter.vocab_ids.tolist())
     r = Runner(model, attention="nsa", max_len=512)
     rows = []
-    for p in PROMPTS:
+    for p in prompts:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
         cont = generate_ar(r, ids, SamplingParams(temperature=0.0), new).token_ids
         seq = ids + cont
@@ -58,4 +60,4 @@ def main(out: str, new: int = 64, head: str = "default") -> None:
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(a[0] if a else "bench/results/cpu-s37/demo-head-agreement.json", int(a[1]) if len(a) > 1 else 64,
-         a[2] if len(a) > 2 else "default")
+         a[2] if len(a) > 2 else "default", json.load(open(a[3])) if len(a) > 3 else PROMPTS)
