@@ -11,15 +11,12 @@ import json
 import subprocess
 import sys
 
+from demo_cpu import run as generate   # scripts/ is on the path when this runs as a script
+
 
 def run(prompt: str, new: int, mode: str, head: str = "") -> dict:
-    cmd = [sys.executable, "-m", "ssv", "generate", "--model", "default", "--attention", "nsa", "--mode", mode,
-           "--chat", "--max-new-tokens", str(new), "--prompt", prompt, "--json"] + (["--draft", head] if head else [])
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    st = out["stats"]
-    return dict(mode=mode, head=head or None, tokens_per_second=st["tokens_per_second"],
-                mean_accepted_length=st.get("mean_accepted_length", 1.0),
-                ar_steps=(st.get("fallback") or {}).get("ar_steps"), token_ids=out["token_ids"])
+    r = generate(mode, f"--draft {head}" if head else "", prompt, new)
+    return dict(r, mode=mode, head=head or None)
 
 
 def main(out: str, prompts: str, heads: list, new: int = 64) -> None:

@@ -17,9 +17,10 @@ import sys
 PROMPT = "Explain in two sentences why the sky is blue."   # the Makefile's PROMPT
 
 
-def run(mode: str, extra: str = "") -> dict:
+def run(mode: str, extra: str = "", prompt: str = PROMPT, new: int = 48) -> dict:
+    """One `ssv generate --chat --json` process (scripts/chat_mal_cpu.py runs it on other questions)."""
     cmd = [sys.executable, "-m", "ssv", "generate", "--model", "default", "--attention", "nsa", "--mode", mode,
-           "--chat", "--max-new-tokens", "48", "--prompt", PROMPT, "--json", *shlex.split(extra)]
+           "--chat", "--max-new-tokens", str(new), "--prompt", prompt, "--json", *shlex.split(extra)]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     st = out["stats"]
     return dict(mode=f"{mode} {extra}".strip(), tokens_per_second=st["tokens_per_second"],

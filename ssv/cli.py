@@ -34,7 +34,7 @@ def load_model(spec: str, device: str, dtype: str | None = None, progress: bool 
     model = model.to_empty(device="cpu")
     model.load_hf_state_dict(ck.state_dict)
     model = model.to(device=device, dtype=dt).eval()
-    # the non-persistent RoPE buffer came from the meta device: rebuild it, in fp32 whatever the weights
+    # to_empty left the non-persistent RoPE buffer uninitialised: rebuild it, in fp32 whatever the weights
     model.inv_freq = rope_inv_freq(ck.config.head_dim, ck.config.rope).to(device)
     if progress:
         print(f"loaded {ck.source} in {time.perf_counter() - t0:.1f}s ({dt}, {device})", file=sys.stderr)

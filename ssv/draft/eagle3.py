@@ -196,8 +196,9 @@ class Eagle3Head(nn.Module):
 
 def grow_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor) -> Eagle3Head:
     """`remap_head` to a grown draft vocabulary: `new_ids` must contain every id of the head's own."""
-    if not bool(torch.isin(head.target_ids().cpu(), torch.as_tensor(new_ids).cpu()).all()):
-        raise ValueError("the grown vocabulary must contain every old id")
+    from ssv.draft.vocab import check_grown
+
+    check_grown(head.target_ids(), new_ids)
     return remap_head(head, new_ids, target_rows)
 
 

@@ -28,8 +28,8 @@ def build_vocab(run: Path, train_data: List[dict], vocab_size: int, n: int, log:
     path = run / "vocab.pt"
     if path.exists():
         return torch.load(path, weights_only=True)["ids"]
-    counts = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data), vocab_size)
     groups = vocab_groups(train_data, vocab_size)
+    counts = sum(groups.values())   # the groups partition the data
     if balanced:
         ids = top_tokens(balanced_scores(list(groups.values())), n)
     else:
@@ -55,10 +55,8 @@ def vocab_groups(train_data: List[dict], vocab_size: int) -> dict:
     def group(s):
         src = s.get("source", "")
         return "self answers" if src.startswith("self:") else "documents" if src.startswith("raw:") else "other answers"
-    out = {}
-    for name in ("self answers", "other answers", "documents"):
-        out[name] = count_tokens((s["ids"][s["prompt_len"]:] for s in train_data if group(s) == name), vocab_size)
-    return out
+    return {name: count_tokens((s["ids"][s["prompt_len"]:] for s in train_data if group(s) == name), vocab_size)
+            for name in ("self answers", "other answers", "documents")}
 
 
 def init_head(hcfg: Eagle3Config, ids: torch.Tensor, sd: dict, from_target: bool) -> Eagle3Head:

@@ -101,11 +101,15 @@ def grow_ids(old_ids: torch.Tensor, counts: torch.Tensor, n: int) -> torch.Tenso
 def grow_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
               target_rows: torch.Tensor) -> torch.Tensor:
     """`remap_rows` for a grown draft vocabulary: `new_ids` must contain every old id."""
+    check_grown(old_ids, new_ids)
+    return remap_rows(w_old, old_ids, new_ids, target_rows)
+
+
+def check_grown(old_ids: torch.Tensor, new_ids: torch.Tensor) -> None:
+    """Raise ValueError unless `new_ids` contains every id of `old_ids`."""
     old = torch.as_tensor(old_ids, dtype=torch.long).cpu()
-    new = torch.as_tensor(new_ids, dtype=torch.long).cpu()
-    if not bool(torch.isin(old, new).all()):
+    if not bool(torch.isin(old, torch.as_tensor(new_ids, dtype=torch.long).cpu()).all()):
         raise ValueError("the grown vocabulary must contain every old id")
-    return remap_rows(w_old, old, new, target_rows)
 
 
 def remap_rows(w_old: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
