@@ -20,7 +20,7 @@ R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" &&
 export PYTHONPATH=$R:/tmp/site
 steps() {  # $1 package root, $2 out folder: the step table at 4K, from an empty directory
     mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$1:/tmp/site SSV_COMMIT=${3:-head} timeout 100 \
-        python3 -m ssv bench e2e --no-default --steps 4096 --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+        python3 -m ssv bench e2e --no-default --steps 4096 --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }
 case "${1:?call}" in
 a)
