@@ -15,7 +15,9 @@ import ssv.engine.device_round as DR  # noqa: E402
 from ssv.ops.topk.ops import rank_topk, vocab_topk  # noqa: E402
 from ssv.ops.tree.ops import tree_finish, tree_level  # noqa: E402
 from ssv.ops.accept.ops import accept_greedy_round  # noqa: E402
-SD._vocab_top = lambda lp, k, ids=None, clamp=False: vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
+SD._vocab_top = lambda lp, k, ids=None, clamp=False: (  # noqa: E731
+    vocab_topk(lp.x.contiguous(), k, ids, clamp=clamp, logits=True, norm=lp.norm) if isinstance(lp, SD.Logits)
+    else vocab_topk(lp.contiguous(), k, ids, clamp=clamp))
 SD._tree_level = lambda x, k: tree_level  # noqa: E731
 SD._tree_finish = lambda x, T, M: tree_finish  # noqa: E731
 

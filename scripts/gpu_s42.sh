@@ -12,6 +12,12 @@
 #   h:  carry [".stage/base42"]  the base package and session 39's head into /tmp/base42
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, base then HEAD, one machine
+# Second machine (the draft level's launches, A/B against 97f0ccf in .stage/base43, its ssv without ssv/data):
+#   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/base43"]  the CUDA tests of the changed ops and the
+#       device round, then scripts/profile_round.py (random weights, 4K) base / head / base / head
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   ab2: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, base then head
 # SSV_COMMIT / BASE_COMMIT name the commits (no git there).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -58,6 +64,40 @@ ab)
             python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
             --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
             --modes "${modes[@]}" --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -30)
+    done
+    ;;
+b)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    rm -rf /tmp/base43 && cp -r .stage/base43 /tmp/base43 && ln -sfn "$R/ssv/data" /tmp/base43/ssv/data
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/ops/test_topk.py tests/ops/test_glue.py \
+        tests/ops/test_draft_fused.py tests/ops/test_engine_kernels.py tests/draft/test_cuda.py \
+        tests/engine/test_device_round.py 2>&1 | tail -4 | tee "$OUTD/tests-draft-level.log"
+    for rep in 1 2; do
+        for who in base head; do
+            pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base43; c=${BASE_COMMIT:-97f0ccf}; }
+            mkdir -p "$OUTD/profile-$who-$rep"
+            (cd $pp && SSV_COMMIT=$c OUT="$OUTD/profile-$who-$rep" MODES="ssv strict,sd-naive" ROUNDS=50 timeout 120 \
+                python3 "$R/scripts/profile_round.py" 2>&1 | grep "==")
+        done
+    done
+    ;;
+q1) bash scripts/train_draft_gpu.sh receive 1 >/dev/null ;;
+q2) bash scripts/train_draft_gpu.sh receive 2 >/dev/null ;;
+q3) bash scripts/train_draft_gpu.sh receive 3 >/dev/null ;;
+ab2)
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    [ -d /tmp/base43/ssv ] || { echo "no /tmp/base43: send b first"; exit 2; }
+    modes=(ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup")
+    for who in base head; do
+        pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base43; c=${BASE_COMMIT:-97f0ccf}; }
+        mkdir -p /tmp/cwd-ab2-$who
+        (cd /tmp/cwd-ab2-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --modes "${modes[@]}" --out "$OUTD/e2e2-$who" 2>&1 | grep -v -i warn | tail -22)
     done
     ;;
 esac

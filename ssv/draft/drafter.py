@@ -53,7 +53,7 @@ class Eagle3Drafter:
         self.hid_buf = torch.zeros(cfg.hidden_size, dtype=self.dtype, device=self.device)
         self.dlogp_buf = torch.zeros(cfg.draft_vocab_size, dtype=torch.float32, device=self.device)
         self.vocab_ids = self.head.target_ids()
-        self._scratch = None        # the last expansion's (keys, values, features) scratch
+        self._scratch = None        # the last expansion's (keys, values, features, features) scratch
         self._scratches: dict = {}
         self._row_ids: dict = {}    # n -> arange(n) on the device (`_arange`)
         self.reset()
@@ -139,9 +139,10 @@ class Eagle3Drafter:
     # ------------------------------------------------------------------ the device round
     @torch.no_grad()
     def expand_rows(self, level: int, tokens: torch.Tensor, parent_rows: torch.Tensor,
-                    path_rows: torch.Tensor) -> torch.Tensor:
+                    path_rows: torch.Tensor):
         """`ssv.spec.device.grow_tree`'s expand: the frontier of `level` (depth level - 1) through the
-        head, in fixed shapes; returns draft-vocabulary log-probs [F, draft_vocab] (ids `vocab_ids`)."""
+        head, in fixed shapes; returns draft-vocabulary log-probs [F, draft_vocab] (ids `vocab_ids`),
+        or on the fused path their `Logits`."""
         c, mid, W = self.cfg, self.head.midlayer, self.window
         f, depth = tokens.numel(), path_rows.shape[1]
         rows = max(1, depth * f)
@@ -151,11 +152,12 @@ class Eagle3Drafter:
             self._scratches[rows] = (
                 torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
                 torch.zeros(rows, c.num_key_value_heads, c.head_dim, dtype=self.dtype, device=self.device),
+                torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device),
                 torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device))
         self._scratch = self._scratches[rows]
         if self.fused:
             return self._expand_fused(level, tokens, parent_rows, path_rows)
-        sk, sv, hid = self._scratch
+        sk, sv, hid, _ = self._scratch
         own = path_rows[:, level - 2]                                # this level's rows
         feat = torch.where((parent_rows < 0)[:, None], self.hid_buf[None], hid[parent_rows.clamp_min(0)])
         pos = (self.dlen - 1) + (level - 1)                          # [1]: every frontier node's position
@@ -169,29 +171,34 @@ class Eagle3Drafter:
         hid[own] = out
         return self.head.draft_logp(out)
 
-    def _expand_fused(self, level: int, tokens, parent_rows, path_rows) -> torch.Tensor:
+    def _expand_fused(self, level: int, tokens, parent_rows, path_rows):
         """`expand_rows` in ~15 launches where the tensor form takes ~50 (the CUDA round): the
         level's rows are the contiguous range (level - 2) * F.. (grow_tree's layout), the children of
         the root (level 2) all take the last committed feature and the others their parent's row,
         the level positions' RoPE is made once a round (at level 2), and the attention is one
-        kernel (ssv/ops/draft_attn) over the ring and each node's path rows."""
+        kernel (ssv/ops/draft_attn) over the ring and each node's path rows. The parents' features
+        are gathered straight into the level's own rows, where the layer adds into them (no copy
+        launch; levels alternate between two feature buffers, as torch refuses a gather within one),
+        and the rows come back as `Logits` with the final norm folded: their norm scale and
+        log_softmax are the top-k's launch."""
         from ssv.ops.draft_attn.ops import draft_attn
         mid, W = self.head.midlayer, self.window
         f, depth = tokens.numel(), path_rows.shape[1]
-        sk, sv, hid = self._scratch
+        sk, sv, h_even, h_odd = self._scratch
         lo = (level - 2) * f
         rows = self._arange(sk.shape[0])
+        own = (h_even if level % 2 == 0 else h_odd)[lo:lo + f]
         if level == 2:
             feat = self.hid_buf[None].expand(f, -1)
             # levels 2.. at P + 1.. (P = dlen - 1)
             self._level_rope = self.head.rope(self.dlen + self._arange(depth))
         else:
-            feat = hid[parent_rows]
+            feat = torch.index_select(h_odd if level % 2 == 0 else h_even, 0, parent_rows, out=own)
         cos, sin = (t[level - 2:level - 1] for t in self._level_rope)
         q = mid.qkv_write(self.embed.weight, tokens, feat, cos, sin, sk, sv, rows[lo:lo + f])
         a = draft_attn(q, self.k, self.v, self.slot_pos, sk, sv, path_rows, self.dlen, level, W)
-        out = mid.finish_fused(a, feat, out=hid[lo:lo + f])
-        return self.head.draft_logp(out)
+        out = mid.finish_fused(a, feat, out=own)
+        return self.head.draft_logits_folded(out)
 
     def _attend(self, q, k, v, vis, residual) -> torch.Tensor:
         mid = self.head.midlayer

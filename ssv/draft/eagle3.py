@@ -86,13 +86,13 @@ class Eagle3Layer(nn.Module):
     def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots) -> torch.Tensor:
         """qkv of the rows (token embedding rows `tokens` of embed_w, hidden), with k and v stored at
         rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. The two norms write the
-        halves of one buffer, the first gathering the embedding rows: no lookup or concatenation
-        launch of their own."""
-        from ssv.ops.glue.ops import rmsnorm, rope_write
+        halves of one buffer in one launch, the first gathering the embedding rows: no lookup or
+        concatenation launch of their own."""
+        from ssv.ops.glue.ops import rmsnorm_pair, rope_write
         c, a, h = self.c, self.self_attn, hidden.shape[1]
         x = torch.empty(hidden.shape[0], 2 * h, device=hidden.device, dtype=hidden.dtype)
-        rmsnorm(embed_w, self.input_layernorm.weight, self.input_layernorm.eps, out=x[:, :h], rows=tokens)
-        rmsnorm(hidden, self.hidden_norm.weight, self.hidden_norm.eps, out=x[:, h:])
+        rmsnorm_pair(embed_w, self.input_layernorm.weight, self.input_layernorm.eps, tokens, hidden,
+                     self.hidden_norm.weight, self.hidden_norm.eps, out=x)
         w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
         return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
                           k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots)
@@ -103,9 +103,10 @@ class Eagle3Layer(nn.Module):
         down_proj added into it in place, the post-attention norm folded into gate|up. The GEMMs take
         ssv/ops/linear where its table lists them (at 16-row tiles the frontier's rows have the AR
         step's keys), else cuBLAS and a SwiGLU launch: 4-5 launches where copy-and-add GEMMs, a norm
-        and a SwiGLU took 7."""
+        and a SwiGLU took 7. `out` may be `residual` itself (no copy then)."""
         h = torch.empty(residual.shape, device=residual.device, dtype=residual.dtype) if out is None else out
-        h.copy_(residual)
+        if h is not residual:
+            h.copy_(residual)
         add_linear(h, attn.to(h.dtype), self.self_attn.o_proj.weight)
         return add_mlp(h, self.mlp, self.post_attention_layernorm)
 
@@ -178,6 +179,20 @@ class Eagle3Head(nn.Module):
                 return torch.mm(x, self.lm_head.weight.t(), out_dtype=torch.float32)
             return self.lm_head(x).float()
         return dense(self.norm(hidden), self.lm_head.weight).float()
+
+    def draft_logits_folded(self, hidden: torch.Tensor):
+        """`draft_logits` as `ssv.spec.device.Logits` for the top-k's launch: the GEMM projects the
+        un-normalized rows through the head with the final norm's weight folded in (cached), and the
+        top-k applies each row's 1 / rms before its log_softmax: no norm launch (the roundings move as
+        in the target's folded norms: the weight is rounded instead of the normalized row)."""
+        from ssv.spec.device import Logits
+        w = _cat_cached(self, "_lm_folded", [self.lm_head.weight], norm_w=self.norm.weight)
+        x = hidden.contiguous()
+        if x.dtype in (torch.bfloat16, torch.float16):
+            out = torch.mm(x, w.t(), out_dtype=torch.float32)
+        else:
+            out = F.linear(x, w).float()
+        return Logits(out, norm=(x, self.norm.eps))
 
     def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft next-token log-probs [..., draft_vocab] (ids `target_ids()`)."""

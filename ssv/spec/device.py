@@ -9,7 +9,7 @@ data, so a round built from them can be captured in one CUDA graph. Loops run ov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -45,11 +45,28 @@ def check_spec(spec: TreeSpec) -> None:
                          f"(depth {spec.depth}, top-k {spec.top_k}); a device round keeps exactly total_tokens")
 
 
+class Logits(NamedTuple):
+    """An expand's rows as logits [F, V] instead of log-probs: the top-k takes their log_softmax (on
+    CUDA inside its one launch, so the row's log_softmax is no launch of its own). norm (xn [F, Dm],
+    eps): x projected the un-normalized rows xn through a weight with their RMSNorm's folded in, and
+    each row is first scaled by xn's 1 / rms (the norm's launch saved as well)."""
+    x: torch.Tensor
+    norm: Optional[tuple] = None
+
+    def log_probs(self) -> torch.Tensor:
+        """The rows' float32 log-probs, as the top-k's launch takes them."""
+        x = self.x.float()
+        if self.norm is not None:
+            from ssv.ops.glue.naive import row_rsqrt
+            x = x * row_rsqrt(*self.norm)
+        return x.log_softmax(-1)
+
+
 # expand(level, tokens [F], parent_rows [F], path_rows [F, depth]) -> log-probs [F, V] of each frontier
-# node's children. Frontier nodes of level t >= 2 get rows (t - 2) * top_k + r (the drafter's scratch rows);
-# parent_rows is -1 for a child of the root, path_rows lists the rows of the node's ancestors at depth >= 1
-# and its own, -1 padded.
-ExpandFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# node's children (or their `Logits`). Frontier nodes of level t >= 2 get rows (t - 2) * top_k + r (the
+# drafter's scratch rows); parent_rows is -1 for a child of the root, path_rows lists the rows of the
+# node's ancestors at depth >= 1 and its own, -1 padded.
+ExpandFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], Union[torch.Tensor, Logits]]
 
 
 def _stable_top(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = False):
@@ -66,14 +83,20 @@ def _stable_top(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = 
     return rank_topk_naive(x, k, largest, by_index)
 
 
-def _vocab_top(lp: torch.Tensor, k: int, ids: Optional[torch.Tensor] = None, clamp: bool = False):
-    """`_stable_top` over vocabulary rows of float32 log-probs: on CUDA one Triton launch
-    (ssv/ops/topk); for rows past its size and on the CPU `top_k_stable`, one top-k of an int64 key
-    that orders by value, then by the lower index (a top-k, whose capture was checked on the H200; a
-    long-row sort's was not; on the CPU no sort of the row).
+def _vocab_top(lp: Union[torch.Tensor, Logits], k: int, ids: Optional[torch.Tensor] = None, clamp: bool = False):
+    """`_stable_top` over vocabulary rows of float32 log-probs (or the `Logits` they are the
+    log_softmax of): on CUDA one Triton launch (ssv/ops/topk); for rows past its size and on the CPU
+    `top_k_stable`, one top-k of an int64 key that orders by value, then by the lower index (a top-k,
+    whose capture was checked on the H200; a long-row sort's was not; on the CPU no sort of the row).
     Values are ranked in float32 (what log_softmax gives; exact for their float64).
     ids: indices returned as ids[index] (token ids of a draft vocabulary); clamp: values capped at
     0 (log-probs a rounding put above 0). The kernel does both in its launch."""
+    if isinstance(lp, Logits):
+        if lp.x.is_cuda and lp.x.dim() == 2:
+            from ssv.ops.topk.ops import MAX_V, vocab_topk
+            if lp.x.shape[-1] <= MAX_V:
+                return vocab_topk(lp.x.contiguous(), k, ids, clamp=clamp, logits=True, norm=lp.norm)
+        lp = lp.log_probs()
     if lp.is_cuda and lp.dim() == 2:
         from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
         if lp.shape[-1] <= MAX_V:

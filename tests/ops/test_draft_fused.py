@@ -5,7 +5,7 @@ import torch
 
 from ssv.draft import Eagle3Drafter
 from ssv.draft.eagle3 import masked_attention, masked_attention_fused
-from ssv.spec.device import grow_tree
+from ssv.spec.device import Logits, grow_tree
 from ssv.spec.tree import TreeSpec
 
 from ..draft.helpers import tiny_head, tiny_target
@@ -23,6 +23,18 @@ def test_masked_attention_fused_matches_naive(n, hq, hkv, m):
     vis[torch.arange(n), torch.randint(0, m, (n,), generator=g)] = True     # every row sees a key
     vis = vis.to(DEV)
     torch.testing.assert_close(masked_attention_fused(q, k, v, vis).float(), masked_attention(q, k, v, vis), **TOL)
+
+
+def _features(d: Eagle3Drafter, spec: TreeSpec) -> torch.Tensor:
+    """The tree's node features in grow_tree's row layout (level t at rows (t - 2) * top_k ..): the
+    fused drafter keeps odd levels in a second buffer."""
+    s = d._scratch
+    h = s[2].float().clone()
+    if d.fused:
+        f = spec.top_k
+        for level in range(3, spec.depth + 1, 2):
+            h[(level - 2) * f:(level - 1) * f] = s[3][(level - 2) * f:(level - 1) * f].float()
+    return h
 
 
 @pytest.mark.parametrize("window", [512, 3])
@@ -43,10 +55,11 @@ def test_fused_drafter_matches_eager(window):
 
         def expand(level, t, p, r, d=d, out=out):
             lp = d.expand_rows(level, t, p, r)
-            out.append(lp.float())
+            assert isinstance(lp, Logits) == d.fused      # the fused level leaves log_softmax to the top-k
+            out.append(lp.log_probs() if isinstance(lp, Logits) else lp.float())
             return lp
         tree = grow_tree(expand, toks[-1], d.dlogp_buf, spec, ids=d.vocab_ids)
-        seen[name] = (tree, out, d._scratch[2].float().clone())
+        seen[name] = (tree, out, _features(d, spec))
     (ta, la, ha), (tb, lb, hb) = seen["eager"], seen["fused"]
     if DT == torch.float32:     # the same tree, hence the same expansions to compare
         assert torch.equal(ta.tokens, tb.tokens) and torch.equal(ta.parents, tb.parents)

@@ -4,8 +4,8 @@ import torch
 
 from ssv.attention import StepMeta
 from ssv.engine.runner import Runner
-from ssv.ops.glue.naive import rmsnorm_naive, rope_write_naive, swiglu_naive
-from ssv.ops.glue.ops import rmsnorm, rope_write, swiglu
+from ssv.ops.glue.naive import rmsnorm_naive, rmsnorm_pair_naive, rope_write_naive, swiglu_naive
+from ssv.ops.glue.ops import rmsnorm, rmsnorm_pair, rope_write, swiglu
 
 from ..conftest import make_tiny_model
 from .test_nsa_kernels import DEV, DTYPES
@@ -59,6 +59,29 @@ def test_rmsnorm_gathers_rows_into_a_column_range():
     torch.testing.assert_close(one, rmsnorm_naive(x[3:4], w, 1e-5).expand(5, 48), **TOL)
     with pytest.raises(ValueError, match="rmsnorm: out"):
         rmsnorm(x, w, 1e-5, out=buf[:, 48:])
+
+
+@pytest.mark.parametrize("n,d,broadcast", [(1, 64, False), (5, 48, True), (8, 576, False), (3, 40, True)])
+def test_rmsnorm_pair_matches_naive(n, d, broadcast):
+    """Both halves in one launch: gathered embedding rows (repeated ids) with one weight and eps, the
+    features (a broadcast row, as the drafter's level 2) with another; every element of a NaN-filled
+    output written, and bad shapes refused."""
+    g = torch.Generator().manual_seed(n * d)
+    x1 = (torch.randn(50, d, generator=g) * 3).to(DT).to(DEV)
+    x2 = (torch.randn(n, d, generator=g) * 0.2).to(DT).to(DEV)
+    if broadcast:
+        x2 = x2[:1].expand(n, d)
+    w1, w2 = ((1 + 0.1 * torch.randn(d, generator=g)).to(DT).to(DEV) for _ in range(2))
+    rows = torch.randint(0, 50, (n,), generator=g).to(DEV)
+    rows[-1] = rows[0]
+    out = torch.full((n, 2 * d), float("nan"), dtype=DT, device=DEV)
+    got = rmsnorm_pair(x1, w1, 1e-5, rows, x2, w2, 1e-3, out)
+    assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
+    torch.testing.assert_close(out, rmsnorm_pair_naive(x1, w1, 1e-5, rows, x2, w2, 1e-3), **TOL)
+    with pytest.raises(ValueError, match="rmsnorm_pair: out"):
+        rmsnorm_pair(x1, w1, 1e-5, rows, x2, w2, 1e-3, out[:, 1:])
+    with pytest.raises(ValueError, match="rmsnorm_pair: x2"):
+        rmsnorm_pair(x1, w1, 1e-5, rows[:-1], x2, w2, 1e-3, out[:-1])
 
 
 def test_rope_write_with_one_shared_position():

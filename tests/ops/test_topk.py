@@ -23,6 +23,40 @@ def test_vocab_topk_matches_stable_sort(r, v, k):
     assert torch.equal(cpu_i, want_i.cpu())
 
 
+@pytest.mark.parametrize("r,v,k", [(1, 40, 3), (8, 8192, 8), (5, 1000, 16), (3, 7, 7)])
+@pytest.mark.parametrize("folded", [False, True])
+def test_vocab_topk_of_logits_matches_log_softmax(r, v, k, folded):
+    """logits=True: the row's log_softmax taken in the launch, then the same ranking: against the twin
+    (float32 log_softmax, stable sort) with ties (logits on a grid of quarters), -inf entries, a large
+    offset (what the max subtraction is for), ids mapped and values clamped; folded: each row first
+    scaled by another tensor's 1 / rms (a norm folded into the GEMM before; rows of scales 1 to 2^(r-1),
+    one factor a row, so its ties stay ties); and `_vocab_top` of `Logits` against `_vocab_top` of
+    their log-probs, the CPU's torch path included."""
+    from ssv.ops.glue.naive import row_rsqrt
+    from ssv.spec.device import Logits
+    g = torch.Generator().manual_seed(v * 3 + k + folded)
+    x = torch.round(torch.randn(r, v, generator=g) * 8) / 4 + 100.0
+    x[:, torch.randperm(v, generator=g)[: v // 3]] = float("-inf")
+    id_map = torch.randperm(3 * v, generator=g)[:v].sort().values
+    xn = torch.randn(r, 24, generator=g) * 2.0 ** torch.arange(r)[:, None] if folded else None
+    x, id_map = x.to(DEV), id_map.to(DEV)
+    norm = (xn.to(DEV), 1e-6) if folded else None
+    want_v, want_i = vocab_topk_naive(x, k, id_map, clamp=True, logits=True, norm=norm)
+    got_v, got_i = vocab_topk(x, k, id_map, clamp=True, logits=True, norm=norm)
+    assert torch.equal(got_i, want_i)
+    torch.testing.assert_close(got_v, want_v, rtol=0, atol=1e-5)
+    lp = x.float() * (row_rsqrt(*norm) if folded else 1.0)
+    assert torch.equal(want_i, vocab_topk_naive(lp.log_softmax(-1), k, id_map)[1])
+    for dev in {x.device, torch.device("cpu")}:
+        nd = None if norm is None else (norm[0].to(dev), norm[1])
+        a_v, a_i = _vocab_top(Logits(x.to(dev), nd), k, id_map.to(dev), clamp=True)
+        b_v, b_i = _vocab_top(lp.to(dev).log_softmax(-1), k, id_map.to(dev), clamp=True)
+        assert torch.equal(a_i, b_i)
+        torch.testing.assert_close(a_v, b_v, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="norm"):
+        vocab_topk(x, k, norm=(torch.ones(r, 24, device=DEV), 1e-6))
+
+
 def test_vocab_topk_maps_ids_and_clamps():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 300, generator=g)

@@ -8,20 +8,38 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
+def _rmsnorm_row(x_row, w, y_row, eps, D: tl.constexpr, BD: tl.constexpr):
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    b_x = tl.load(x_row + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_r = tl.math.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
+    # normalized in fp32, rounded to the activations' dtype, then scaled (as RMSNorm.forward does)
+    b_n = (b_x * b_r).to(y_row.dtype.element_ty).to(tl.float32)
+    b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
+    tl.store(y_row + o_d, (b_n * b_w).to(y_row.dtype.element_ty), mask=m_d)
+
+
+@triton.jit
 def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.constexpr, GATHER: tl.constexpr,
                        PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     i = tl.program_id(0).to(tl.int64)
     # GATHER: output row i normalises input row rows[i] (an embedding lookup folded in)
     i_x = tl.load(rows + i).to(tl.int64) if GATHER else i
-    o_d = tl.arange(0, BD)
-    m_d = o_d < D
-    b_x = tl.load(x + i_x * s_x + o_d, mask=m_d, other=0.0).to(tl.float32)
-    b_r = tl.math.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
-    # normalized in fp32, rounded to the activations' dtype, then scaled (as RMSNorm.forward does)
-    b_n = (b_x * b_r).to(y.dtype.element_ty).to(tl.float32)
-    b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
-    tl.store(y + i * s_y + o_d, (b_n * b_w).to(y.dtype.element_ty), mask=m_d)
+    _rmsnorm_row(x + i_x * s_x, w, y + i * s_y, eps, D, BD)
+
+
+@triton.jit
+def rmsnorm_pair_fwd_kernel(x1, w1, rows, x2, w2, y, eps1, eps2, s_x1, s_x2, s_y, D: tl.constexpr,
+                            BD: tl.constexpr, PDL: tl.constexpr = False):
+    # program (row i, half j): y[i, :D] = RMSNorm_1(x1[rows[i]]), y[i, D:] = RMSNorm_2(x2[i]) (the
+    # EAGLE-3 layer's two input norms: a token's embedding row and a feature, one launch)
+    pdl_prologue(PDL)
+    i = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _rmsnorm_row(x1 + tl.load(rows + i).to(tl.int64) * s_x1, w1, y + i * s_y, eps1, D, BD)
+    else:
+        _rmsnorm_row(x2 + i * s_x2, w2, y + i * s_y + D, eps2, D, BD)
 
 
 @triton.jit

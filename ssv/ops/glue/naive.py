@@ -10,6 +10,12 @@ def rmsnorm_naive(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def rmsnorm_pair_naive(x1: torch.Tensor, w1: torch.Tensor, eps1: float, rows: torch.Tensor, x2: torch.Tensor,
+                       w2: torch.Tensor, eps2: float) -> torch.Tensor:
+    """[RMSNorm(x1[rows]) * w1 | RMSNorm(x2) * w2] [N, 2D]."""
+    return torch.cat([rmsnorm_naive(x1[rows], w1, eps1), rmsnorm_naive(x2, w2, eps2)], -1)
+
+
 def row_rsqrt(x: torch.Tensor, eps: float) -> torch.Tensor:
     """[N, 1] fp32: 1 / rms of each row (a folded RMSNorm's row scale)."""
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)

@@ -1,19 +1,29 @@
 import triton
 import triton.language as tl
 
+from ssv.ops.glue.kernels import _row_rsqrt
 from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
-def vocab_topk_fwd_kernel(x, vals, ids, id_map, s_x, s_o, V: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
-                          MAP: tl.constexpr, CLAMP: tl.constexpr, PDL: tl.constexpr = False):
+def vocab_topk_fwd_kernel(x, vals, ids, id_map, xn, s_x, s_o, s_xn, eps, V: tl.constexpr, BV: tl.constexpr,
+                          K: tl.constexpr, MAP: tl.constexpr, CLAMP: tl.constexpr, LOGITS: tl.constexpr,
+                          NORM: tl.constexpr, DM: tl.constexpr, BDM: tl.constexpr, PDL: tl.constexpr = False):
     # one program per row, the whole row in registers: K rounds of (max, lowest index at the max),
     # each pick masked out for the next round. MAP: store id_map[index] (draft -> target ids);
-    # CLAMP: values capped at 0 (log-probs a rounding put above 0)
+    # CLAMP: values capped at 0 (log-probs a rounding put above 0); LOGITS: x holds logits, made
+    # log-probs here (x - max - log sum exp(x - max), as log_softmax) before the ranking, so the
+    # row's log_softmax is no launch of its own; NORM (with LOGITS): x projected the un-normalized row
+    # xn[r] through a weight with its RMSNorm's folded in, so the logits are first scaled by xn's 1 / rms
     pdl_prologue(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     o_v = tl.arange(0, BV)
     b_x = tl.load(x + i_r * s_x + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)   # [BV]
+    if LOGITS:
+        if NORM:
+            b_x = b_x * _row_rsqrt(xn, i_r, s_xn, eps, DM, BDM)
+        b_s = b_x - tl.max(b_x, 0)
+        b_x = b_s - tl.log(tl.sum(tl.exp(b_s), 0))
     b_t = o_v >= V                                                                         # taken
     for j in tl.static_range(K):
         b_m = tl.max(tl.where(b_t, float("-inf"), b_x), 0)

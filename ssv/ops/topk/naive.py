@@ -4,9 +4,17 @@ from __future__ import annotations
 import torch
 
 
-def vocab_topk_naive(x: torch.Tensor, k: int, id_map=None, clamp: bool = False):
+def vocab_topk_naive(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, logits: bool = False, norm=None):
     """x [R, V] -> (values [R, k] float64, ids [R, k] int64): descending, ties to the lower index;
-    ids mapped through id_map [V] when given, values capped at 0 when clamp."""
+    ids mapped through id_map [V] when given, values capped at 0 when clamp; logits: x's float32
+    log_softmax ranked and returned instead of x, after each row is scaled by xn's 1 / rms when
+    norm = (xn [R, Dm], eps)."""
+    if logits:
+        x = x.float()
+        if norm is not None:
+            from ssv.ops.glue.naive import row_rsqrt
+            x = x * row_rsqrt(*norm)
+        x = x.log_softmax(-1)
     vals, idx = rank_topk_naive(x.double(), k)
     return (vals.clamp_max(0.0) if clamp else vals), (idx if id_map is None else id_map[idx])
 

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 import triton
 
+from ssv.ops.glue.ops import _norm_args
 from ssv.ops.pdl import pdl_args
 from ssv.ops.topk.kernels import rank_topk_fwd_kernel, vocab_topk_fwd_kernel
 
@@ -16,23 +17,31 @@ MAX_V = 16384
 MAX_RANK_N = 1024
 
 
-def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, num_warps: Optional[int] = None):
+def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, num_warps: Optional[int] = None,
+               logits: bool = False, norm=None):
     """x [R, V] (finite or -inf) -> (values [R, k] float64, ids [R, k] int64), descending, ties to the
     lower index: `vocab_topk_naive` in one launch instead of a sort. id_map [V] int64: ids returned
-    as id_map[index]; clamp: values capped at 0 (both as the naive twin's arguments)."""
+    as id_map[index]; clamp: values capped at 0; logits: x are logits, ranked and returned as their
+    log_softmax; norm (xn [R, Dm], eps), with logits: x projected the un-normalized rows xn through a
+    weight with an RMSNorm's folded in, each row is first scaled by xn's 1 / rms (all as the naive
+    twin's arguments)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"vocab_topk: x must be [R, V] with contiguous rows, got {tuple(x.shape)}")
     r, v = x.shape
     if not 0 < k <= v or v > MAX_V:
         raise ValueError(f"vocab_topk: needs 0 < k <= V <= {MAX_V}, got k={k}, V={v}")
+    if norm is not None and not logits:
+        raise ValueError("vocab_topk: norm= scales logits (logits=True)")
+    xn, s_xn, eps, nk = _norm_args(norm, r, x.device)
     vals = torch.empty(r, k, dtype=torch.float64, device=x.device)
     ids = torch.empty(r, k, dtype=torch.long, device=x.device)
     if r:
         bv = triton.next_power_of_2(v)
         if id_map is not None and id_map.shape != (v,):
             raise ValueError(f"vocab_topk: id_map must be [{v}], got {tuple(id_map.shape)}")
-        vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(), x.stride(0),
-                                    vals.stride(0), V=v, BV=bv, K=k, MAP=id_map is not None, CLAMP=bool(clamp),
+        vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(),
+                                    x if xn is None else xn, x.stride(0), vals.stride(0), s_xn, eps, V=v, BV=bv, K=k,
+                                    MAP=id_map is not None, CLAMP=bool(clamp), LOGITS=bool(logits), **nk,
                                     **pdl_args(x.device), num_warps=num_warps or (8 if bv >= 4096 else 4))
     return vals, ids
 
