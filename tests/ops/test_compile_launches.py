@@ -27,3 +27,14 @@ def test_route_and_verify_launches_compile_for_sm90():
     kernels = {x.split()[3] for x in lines}
     assert kernels == {"route_score", "route_imp", "route_topk", "route_merge_topk", "verify", "verify_combine"}
     assert len(lines) >= 25 and sum(x.split()[3] == "verify" for x in lines) >= 10
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")
+def test_draft_level_kernels_compile_for_sm90():
+    """The draft level's fused kernels (two norms in one launch; the top-k over logits, norm folded)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compile_draft_sm90.py")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len([x for x in r.stdout.splitlines() if " REG " in x]) == 3

@@ -1,0 +1,24 @@
+"""Compile the draft level's fused kernels for sm_90 without a GPU (triton's own ptxas): the two input
+norms in one launch (`rmsnorm_pair_fwd_kernel`) and the vocabulary top-k over logits with the final
+norm folded (`vocab_topk_fwd_kernel`, LOGITS and NORM), at the default head's shapes (576 wide, a
+12,288-token draft vocabulary), PDL on. Prints their registers / stack / shared memory; a lowering
+failure raises. tests/ops/test_compile_launches.py runs it."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90 import compile_sm90  # noqa: E402
+
+from ssv.ops.glue.kernels import rmsnorm_pair_fwd_kernel  # noqa: E402
+from ssv.ops.topk.kernels import vocab_topk_fwd_kernel  # noqa: E402
+
+_, use = compile_sm90(rmsnorm_pair_fwd_kernel, dict(x1="*bf16", w1="*bf16", rows="*i64", x2="*bf16", w2="*bf16",
+                                                    y="*bf16", eps1="fp32", eps2="fp32", s_x1="i32", s_x2="i32",
+                                                    s_y="i32"), dict(D=576, BD=1024, PDL=True), warps=4)
+print("rmsnorm_pair REG %s STACK %s SHARED %s" % use)
+for norm in (False, True):
+    _, use = compile_sm90(vocab_topk_fwd_kernel, dict(x="*fp32", vals="*fp64", ids="*i64", id_map="*i64", xn="*bf16",
+                                                      s_x="i32", s_o="i32", s_xn="i32", eps="fp32"),
+                          dict(V=12288, BV=16384, K=8, MAP=True, CLAMP=True, LOGITS=True, NORM=norm,
+                               DM=576 if norm else 1, BDM=1024 if norm else 1, PDL=True), warps=8)
+    print(f"vocab_topk logits norm={norm} REG %s STACK %s SHARED %s" % use)
