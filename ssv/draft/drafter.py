@@ -56,7 +56,22 @@ class Eagle3Drafter:
         self._scratch = None        # the last expansion's (keys, values, features, features) scratch
         self._scratches: dict = {}
         self._row_ids: dict = {}    # n -> arange(n) on the device (`_arange`)
+        self._rope_tab = None       # cos, sin [P, D] by position (`use_rope_table`), or computed per call
         self.reset()
+
+    def use_rope_table(self, n: int) -> None:
+        """Keep cos / sin of positions 0..n-1 (the device round's: its RoPE kernels read rows by position,
+        so a round computes none; the same elementwise ops on the same values as `head.rope`, the same
+        bits). The caller keeps every drafted position below n (the runner's capacity)."""
+        if self._rope_tab is None or self._rope_tab[0].shape[0] < n:
+            self._rope_tab = self.head.rope(torch.arange(n, device=self.device))
+
+    def _rope_rows(self, pos: torch.Tensor):
+        """(cos, sin, pos for the kernel): the table and the positions to read, or (without a table)
+        the positions' own cos / sin."""
+        if self._rope_tab is None:
+            return (*self.head.rope(pos), None)
+        return (*self._rope_tab, pos)
 
     def reset(self) -> None:
         self.length = 0
@@ -191,7 +206,9 @@ class Eagle3Drafter:
         if level == 2:
             feat = self.hid_buf[None].expand(f, -1)
             # levels 2.. at P + 1.. (P = dlen - 1)
-            self._level_rope = self.head.rope(self.dlen + self._arange(depth))
+            p = self.dlen + self._arange(depth)
+            tab = self._rope_tab
+            self._level_rope = self.head.rope(p) if tab is None else (tab[0][p], tab[1][p])
         else:
             feat = torch.index_select(h_odd if level % 2 == 0 else h_even, 0, parent_rows, out=own)
         cos, sin = (t[level - 2:level - 1] for t in self._level_rope)
@@ -219,18 +236,18 @@ class Eagle3Drafter:
         ar = self._arange(R)
         pos = self.dlen + ar
         real = ar < n
-        cos, sin = self.head.rope(pos)
         mid = self.head.midlayer
         if self.fused and R <= W:
             from ssv.ops.draft_attn.ops import draft_attn_rows
             k = torch.empty(R, *self.k.shape[1:], dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
-            q = mid.qkv_write(self.embed.weight, tokens, hidden, cos, sin, k, v, ar)
+            cos, sin, rpos = self._rope_rows(pos)
+            q = mid.qkv_write(self.embed.weight, tokens, hidden, cos, sin, k, v, ar, pos=rpos)
             # the ring's window and the real rows before each row, in one launch
             a = draft_attn_rows(q, self.k, self.v, self.slot_pos, k, v, self.dlen, n, W)
             out = mid.finish_fused(a, hidden)
         else:
-            q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, cos, sin)
+            q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, *self.head.rope(pos))
             ring = self.slot_pos[:W]
             vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
             vis_new = (pos[None] <= pos[:, None]) & real[None]

@@ -83,9 +83,10 @@ class Eagle3Layer(nn.Module):
 
     # the fused twins of qkv / finish (the target's glue kernels: ~7 launches where the eager
     # layer takes ~50), for the device round's fixed shapes; tests compare them with the eager ones
-    def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots) -> torch.Tensor:
+    def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots, pos=None) -> torch.Tensor:
         """qkv of the rows (token embedding rows `tokens` of embed_w, hidden), with k and v stored at
-        rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. The two norms write the
+        rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. pos [N]: cos / sin are tables
+        by position (`rope_write`'s). The two norms write the
         halves of one buffer in one launch, the first gathering the embedding rows: no lookup or
         concatenation launch of their own."""
         from ssv.ops.glue.ops import rmsnorm_pair, rope_write
@@ -95,7 +96,7 @@ class Eagle3Layer(nn.Module):
                      self.hidden_norm.weight, self.hidden_norm.eps, out=x)
         w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
         return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
-                          k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots)
+                          k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots, pos=pos)
 
     def finish_fused(self, attn: torch.Tensor, residual: torch.Tensor, out=None) -> torch.Tensor:
         """`finish` as the target's fused layer runs its second half (`Block._forward_fused`): the

@@ -46,6 +46,10 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         the one before it (default: on CUDA; on the CPU a step runs as it is launched, so launching
         ahead only wastes the step after a stop token)."""
         self.runner, self.drafter = runner, drafter
+        if drafter is not None and getattr(drafter, "fused", False):
+            # the drafter's RoPE read from a table by position: every drafted position (a committed
+            # length plus a tree's depth) is below the cache's rows, as the history buffer's
+            drafter.use_rope_table(runner.cache.max_len + runner.cache.scratch + 1)
         self.check_sync = bool(check_sync)
         dev = runner.device
         self.overlap = dev.type == "cuda" if overlap is None else bool(overlap)

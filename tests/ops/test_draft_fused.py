@@ -37,11 +37,15 @@ def _features(d: Eagle3Drafter, spec: TreeSpec) -> torch.Tensor:
     return h
 
 
-@pytest.mark.parametrize("window", [512, 3])
-def test_fused_drafter_matches_eager(window):
+@pytest.mark.parametrize("window,table", [(512, False), (3, False), (512, True)])
+def test_fused_drafter_matches_eager(window, table):
+    """table: the fused drafter reads RoPE from a table by position (the device round's), sized to the
+    drafted positions exactly (the tree's levels at 11..14, the device commit's rows at 11..15)."""
     target = tiny_target().to(DEV, DT)
     head = tiny_head(target, draft_vocab=40, window=window)
     a, b = (Eagle3Drafter(head, target, fused=f) for f in (False, True))
+    if table:
+        b.use_rope_table(16)
     g = torch.Generator().manual_seed(window)
     H = target.cfg.hidden_size
     taps = [torch.randn(11, H, generator=g).to(DEV, DT) for _ in range(3)]
