@@ -70,9 +70,9 @@ b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     rm -rf /tmp/base43 && cp -r .stage/base43 /tmp/base43 && ln -sfn "$R/ssv/data" /tmp/base43/ssv/data
-    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/ops/test_topk.py tests/ops/test_glue.py \
+    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py tests/ops/test_glue.py \
         tests/ops/test_draft_fused.py tests/ops/test_engine_kernels.py tests/draft/test_cuda.py \
-        tests/engine/test_device_round.py 2>&1 | tail -4 | tee "$OUTD/tests-draft-level.log"
+        tests/engine/test_device_round.py} 2>&1 | tail -4 | tee "$OUTD/tests-draft-level.log"
     for rep in ${REPS:-1 2}; do
         for who in base head; do
             pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base43; c=${BASE_COMMIT:-97f0ccf}; }

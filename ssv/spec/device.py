@@ -91,16 +91,14 @@ def _vocab_top(lp: Union[torch.Tensor, Logits], k: int, ids: Optional[torch.Tens
     Values are ranked in float32 (what log_softmax gives; exact for their float64).
     ids: indices returned as ids[index] (token ids of a draft vocabulary); clamp: values capped at
     0 (log-probs a rounding put above 0). The kernel does both in its launch."""
-    if isinstance(lp, Logits):
-        if lp.x.is_cuda and lp.x.dim() == 2:
-            from ssv.ops.topk.ops import MAX_V, vocab_topk
-            if lp.x.shape[-1] <= MAX_V:
-                return vocab_topk(lp.x.contiguous(), k, ids, clamp=clamp, logits=True, norm=lp.norm)
-        lp = lp.log_probs()
-    if lp.is_cuda and lp.dim() == 2:
+    logits = isinstance(lp, Logits)
+    x = lp.x if logits else lp
+    if x.is_cuda and x.dim() == 2:
         from ssv.ops.topk.ops import MAX_V, vocab_topk   # lazily: Triton reads its mode at import
-        if lp.shape[-1] <= MAX_V:
-            return vocab_topk(lp.contiguous(), k, ids, clamp=clamp)
+        if x.shape[-1] <= MAX_V:
+            return vocab_topk(x.contiguous(), k, ids, clamp=clamp, logits=logits, norm=lp.norm if logits else None)
+    if logits:
+        lp = lp.log_probs()
     if lp.is_cuda and lp.dim() != 2:
         vals, t = _stable_top(lp.double(), k)
     else:
