@@ -86,9 +86,8 @@ class Eagle3Layer(nn.Module):
     def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots, pos=None) -> torch.Tensor:
         """qkv of the rows (token embedding rows `tokens` of embed_w, hidden), with k and v stored at
         rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. pos [N]: cos / sin are tables
-        by position (`rope_write`'s). The two norms write the
-        halves of one buffer in one launch, the first gathering the embedding rows: no lookup or
-        concatenation launch of their own."""
+        by position (`rope_write`'s). The two norms write the halves of one buffer in one launch, the
+        first gathering the embedding rows: no lookup or concatenation launch of their own."""
         from ssv.ops.glue.ops import rmsnorm_pair, rope_write
         c, a, h = self.c, self.self_attn, hidden.shape[1]
         x = torch.empty(hidden.shape[0], 2 * h, device=hidden.device, dtype=hidden.dtype)
