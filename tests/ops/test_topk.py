@@ -31,7 +31,7 @@ def test_vocab_topk_of_logits_matches_log_softmax(r, v, k, folded):
     offset (what the max subtraction is for), ids mapped and values clamped; folded: each row first
     scaled by another tensor's 1 / rms (a norm folded into the GEMM before; rows of scales 1 to 2^(r-1),
     one factor a row, so its ties stay ties); and `_vocab_top` of `Logits` against `_vocab_top` of
-    their log-probs, the CPU's torch path included."""
+    their log-probs, the CPU's torch path included. Values to 1e-4: the GPU's exp / log are approximate."""
     from ssv.ops.glue.naive import row_rsqrt
     from ssv.spec.device import Logits
     g = torch.Generator().manual_seed(v * 3 + k + folded)
@@ -44,7 +44,7 @@ def test_vocab_topk_of_logits_matches_log_softmax(r, v, k, folded):
     want_v, want_i = vocab_topk_naive(x, k, id_map, clamp=True, logits=True, norm=norm)
     got_v, got_i = vocab_topk(x, k, id_map, clamp=True, logits=True, norm=norm)
     assert torch.equal(got_i, want_i)
-    torch.testing.assert_close(got_v, want_v, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_v, want_v, rtol=0, atol=1e-4)
     lp = x.float() * (row_rsqrt(*norm) if folded else 1.0)
     assert torch.equal(want_i, vocab_topk_naive(lp.log_softmax(-1), k, id_map)[1])
     for dev in {x.device, torch.device("cpu")}:
@@ -52,7 +52,7 @@ def test_vocab_topk_of_logits_matches_log_softmax(r, v, k, folded):
         a_v, a_i = _vocab_top(Logits(x.to(dev), nd), k, id_map.to(dev), clamp=True)
         b_v, b_i = _vocab_top(lp.to(dev).log_softmax(-1), k, id_map.to(dev), clamp=True)
         assert torch.equal(a_i, b_i)
-        torch.testing.assert_close(a_v, b_v, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a_v, b_v, rtol=0, atol=1e-4)
     with pytest.raises(ValueError, match="norm"):
         vocab_topk(x, k, norm=(torch.ones(r, 24, device=DEV), 1e-6))
 
