@@ -28,6 +28,22 @@ steps() {  # $1 package root, $2 out folder: the step table at 4K, from an empty
     mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$1:/tmp/site SSV_COMMIT=${3:-head} timeout 100 \
         python3 -m ssv bench e2e --no-default --steps 4096 --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }
+e2e_ab() {  # $1 base package, $2 its commit, $3 out prefix, $4 the call that staged the base, then the modes:
+    # `ssv bench e2e` at 4K, base then head, each from an empty directory (its own package imported)
+    local base=$1 bc=$2 prefix=$3 stager=$4; shift 4
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    [ -d $base/ssv ] || { echo "no $base: send $stager first"; exit 2; }
+    for who in base head; do
+        pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=$base; c=$bc; }
+        mkdir -p /tmp/cwd-$prefix-$who
+        (cd /tmp/cwd-$prefix-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --modes "$@" --out "$OUTD/$prefix-$who" 2>&1 | grep -v -i warn | tail -30)
+    done
+}
 case "${1:?call}" in
 a)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
@@ -52,19 +68,8 @@ h)
     rm /tmp/base42/oldhead.safetensors.xz; sha256sum /tmp/base42/ssv/data/eagle3-smollm2/model.safetensors; ls /tmp/stage
     ;;
 ab)
-    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
-    bash scripts/train_draft_gpu.sh assemble || exit 1
-    [ -d /tmp/base42/ssv ] || { echo "no /tmp/base42: send h first"; exit 2; }
-    modes=(ar-nsa sd-naive "ssv strict" "ssv strict lookup" "ar dense" "eagle3 dense lookup")
-    for who in base head; do
-        pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base42; c=${BASE_COMMIT:-accee8f}; }
-        mkdir -p /tmp/cwd-ab-$who
-        (cd /tmp/cwd-ab-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
-         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
-            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
-            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
-            --modes "${modes[@]}" --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -30)
-    done
+    e2e_ab /tmp/base42 ${BASE_COMMIT:-accee8f} e2e h ar-nsa sd-naive "ssv strict" "ssv strict lookup" "ar dense" \
+        "eagle3 dense lookup"
     ;;
 b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
@@ -86,18 +91,6 @@ q1) bash scripts/train_draft_gpu.sh receive 1 >/dev/null ;;
 q2) bash scripts/train_draft_gpu.sh receive 2 >/dev/null ;;
 q3) bash scripts/train_draft_gpu.sh receive 3 >/dev/null ;;
 ab2)
-    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
-    bash scripts/train_draft_gpu.sh assemble || exit 1
-    [ -d /tmp/base43/ssv ] || { echo "no /tmp/base43: send b first"; exit 2; }
-    modes=(ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup")
-    for who in base head; do
-        pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base43; c=${BASE_COMMIT:-97f0ccf}; }
-        mkdir -p /tmp/cwd-ab2-$who
-        (cd /tmp/cwd-ab2-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
-         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
-            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
-            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
-            --modes "${modes[@]}" --out "$OUTD/e2e2-$who" 2>&1 | grep -v -i warn | tail -22)
-    done
+    e2e_ab /tmp/base43 ${BASE_COMMIT:-97f0ccf} e2e2 b ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup"
     ;;
 esac

@@ -173,11 +173,7 @@ class Eagle3Head(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if fused_glue(hidden):
             from ssv.ops.glue.ops import rmsnorm
-            x = rmsnorm(hidden.contiguous(), self.norm.weight, self.norm.eps)
-            if x.dtype in (torch.bfloat16, torch.float16):
-                # the GEMM's fp32 accumulator kept (as the target's head): no rounding, no cast launch
-                return torch.mm(x, self.lm_head.weight.t(), out_dtype=torch.float32)
-            return self.lm_head(x).float()
+            return _logits_fp32(rmsnorm(hidden.contiguous(), self.norm.weight, self.norm.eps), self.lm_head.weight)
         return dense(self.norm(hidden), self.lm_head.weight).float()
 
     def draft_logits_folded(self, hidden: torch.Tensor):
@@ -188,11 +184,7 @@ class Eagle3Head(nn.Module):
         from ssv.spec.device import Logits
         w = _cat_cached(self, "_lm_folded", [self.lm_head.weight], norm_w=self.norm.weight)
         x = hidden.contiguous()
-        if x.dtype in (torch.bfloat16, torch.float16):
-            out = torch.mm(x, w.t(), out_dtype=torch.float32)
-        else:
-            out = F.linear(x, w).float()
-        return Logits(out, norm=(x, self.norm.eps))
+        return Logits(_logits_fp32(x, w), norm=(x, self.norm.eps))
 
     def draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft next-token log-probs [..., draft_vocab] (ids `target_ids()`)."""
@@ -207,6 +199,14 @@ class Eagle3Head(nn.Module):
     def target_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft next-token log-probs [..., vocab] over the TARGET vocabulary (-inf off the draft vocab)."""
         return self.to_target(self.draft_logp(hidden))
+
+
+def _logits_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T in float32: a half-precision GEMM keeps its fp32 accumulator (as the target's head): no
+    rounding, no cast launch."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return F.linear(x, w).float()
 
 
 def grow_head(head: Eagle3Head, new_ids: torch.Tensor, target_rows: torch.Tensor) -> Eagle3Head:

@@ -13,12 +13,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")
-def test_route_and_verify_launches_compile_for_sm90():
+def _compile_script(name: str, timeout: int) -> subprocess.CompletedProcess:
+    """scripts/<name> in a fresh interpreter, compiling (not interpreting) its kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compile_launches.py")], env=env,
-                       capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")
+def test_route_and_verify_launches_compile_for_sm90():
+    r = _compile_script("compile_launches.py", 900)
     lines = [x for x in r.stdout.splitlines() if "warps" in x]
     assert r.returncode == 0, "\n".join(x for x in lines if "FAILED" in x) or r.stderr[-2000:]
     assert not any("FAILED" in x for x in lines)
@@ -32,9 +37,6 @@ def test_route_and_verify_launches_compile_for_sm90():
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")
 def test_draft_level_kernels_compile_for_sm90():
     """The draft level's fused kernels (two norms in one launch; the top-k over logits, norm folded)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compile_draft_sm90.py")], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = _compile_script("compile_draft_sm90.py", 600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len([x for x in r.stdout.splitlines() if " REG " in x]) == 3
