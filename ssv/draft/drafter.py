@@ -21,6 +21,7 @@ import torch
 
 from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention, masked_attention_fused
 from ssv.ops.draft_attn.naive import draft_attn_naive
+from ssv.ops.ring_commit.naive import ring_commit_naive
 from ssv.spec.tree import DraftTree, TreeSpec, build_tree
 
 
@@ -235,10 +236,10 @@ class Eagle3Drafter:
         hidden = self.head.project(feats.to(self.dtype))
         ar = self._arange(R)
         pos = self.dlen + ar
-        real = ar < n
         mid = self.head.midlayer
         if self.fused and R <= W:
             from ssv.ops.draft_attn.ops import draft_attn_rows
+            from ssv.ops.ring_commit.ops import ring_commit
             k = torch.empty(R, *self.k.shape[1:], dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
             cos, sin, rpos = self._rope_rows(pos)
@@ -246,22 +247,18 @@ class Eagle3Drafter:
             # the ring's window and the real rows before each row, in one launch
             a = draft_attn_rows(q, self.k, self.v, self.slot_pos, k, v, self.dlen, n, W)
             out = mid.finish_fused(a, hidden)
+            ring_commit(k, v, self.k, self.v, self.slot_pos, out, self.hid_buf, n, self.dlen, W)
         else:
             q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, *self.head.rope(pos))
+            real = ar < n
             ring = self.slot_pos[:W]
             vis_ring = (ring[None] >= 0) & (ring[None] > pos[:, None] - W)
             vis_new = (pos[None] <= pos[:, None]) & real[None]
             vis_new = vis_new | torch.eye(R, dtype=torch.bool, device=self.device)  # padded rows see themselves
             out = self._attend(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
                                torch.cat([vis_ring, vis_new], 1), hidden)
-        slots = torch.where(real, pos % W, W)
-        self.k.index_copy_(0, slots, k)
-        self.v.index_copy_(0, slots, v)
-        self.slot_pos.index_copy_(0, slots, torch.where(real, pos, -1))
-        last = out[(n - 1).clamp_min(0)]                              # [1, H]
-        self.hid_buf.copy_(last[0])
-        self.dlogp_buf.copy_(self.head.draft_logp(last)[0])
-        self.dlen += n
+            ring_commit_naive(k, v, self.k, self.v, self.slot_pos, out, self.hid_buf, n, self.dlen, W)
+        self.dlogp_buf.copy_(self.head.draft_logp(self.hid_buf[None])[0])
         if predict:
             return self._drafts(out, int(predict))
         return None

@@ -70,6 +70,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         self._root = torch.zeros(1, dtype=torch.long, device=dev)
         self._one = torch.ones(1, dtype=torch.long, device=dev)
         self._chain1 = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        self._after = torch.arange(1, self.out.numel(), device=dev)   # a path's offsets past the root
         r = runner
         # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
         # reads the length on the host, which a graph cannot
@@ -140,7 +141,8 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
 
     def _accept_body(self, opts, io: dict, params=None) -> None:
         cache, dr, D = self.runner.cache, self.drafter, opts.max_depth
-        after = cache.dlen.long() + 1 + torch.arange(D + 1, device=self.hist.device)   # the path's next tokens' positions
+        # the path's next tokens' positions (past the accepted count beyond the text's end: never read)
+        after = (cache.dlen + self._after[:D + 1]).clamp_(max=self.hist.numel() - 1)
         flat = io["tree"]
         # the record (accepted count, the token after each path row) and the next root are written
         # where the host and the next round read them; greedy: by the walk's own launch
@@ -151,8 +153,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
             _, k = _sample_bounds(opts)
             path, rows = accept_sample_round(flat, io["logits"], params, io["coins"], D, k, n, nxt, self.tok)
         cache.commit_device(path, n, kernel=self.kernels)
-        # past the accepted count the writes land beyond the text's end: never read
-        self.hist.index_copy_(0, after.clamp(max=self.hist.numel() - 1), nxt)
+        self.hist.index_copy_(0, after, nxt)
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
 
