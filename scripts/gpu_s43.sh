@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 43's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three
+# packages side by side on one machine -- base = 97f0ccf (before the draft level's launches),
+# mid = 38a458d (session 42's head: the draft level in fewer launches, never run on a GPU), head = the
+# working tree (the drafter's ring commit in one launch). Here, once:
+#   git archive 97f0ccf ssv | tar -x -C .stage/base43 --exclude=ssv/data   (likewise 38a458d -> .stage/mid43)
+#   tar -C .stage -cJf .stage/pk43.tar.xz base43 mid43   (0.2 MB: the tree and a GGUF part leave ~1 MiB)
+#   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
+#   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/pk43.tar.xz"]  the CUDA tests of the
+#       changed ops and the device round at head, then scripts/profile_round.py (random weights, 4K)
+#       base / mid / head
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid"), then ab with
+#       WHO=head in the next call
+# SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$R:/tmp/site
+pkg() {  # $1 who -> "package-root commit"
+    case $1 in base) echo "/tmp/base43 ${BASE_COMMIT:-97f0ccf}" ;; mid) echo "/tmp/mid43 ${MID_COMMIT:-38a458d}" ;;
+    *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+}
+case "${1:?call}" in
+b)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    rm -rf /tmp/base43 /tmp/mid43 && tar -C /tmp -xJf .stage/pk43.tar.xz
+    for w in base43 mid43; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_ring_commit.py \
+        tests/ops/test_topk.py tests/ops/test_glue.py tests/ops/test_draft_fused.py tests/ops/test_engine_kernels.py \
+        tests/draft/test_cuda.py tests/engine/test_device_round.py} 2>&1 | tail -4 | tee "$OUTD/tests-head.log"
+    for rep in ${REPS:-1}; do
+        for who in base mid head; do
+            read -r pp c <<< "$(pkg $who)"
+            mkdir -p "$OUTD/profile-$who-$rep"
+            (cd $pp && SSV_COMMIT=$c OUT="$OUTD/profile-$who-$rep" MODES="ssv strict,sd-naive" ROUNDS=50 timeout 100 \
+                python3 "$R/scripts/profile_round.py" 2>&1 | grep "==")
+        done
+    done
+    ;;
+q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)  # `ssv bench e2e` at 4K for each of WHO, each from an empty directory with its own package
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    for who in ${WHO:-base mid}; do
+        read -r pp c <<< "$(pkg $who)"
+        [ -d $pp/ssv ] || { echo "no $pp: send b first"; exit 2; }
+        mkdir -p /tmp/cwd-$who
+        (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --modes ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup" \
+            --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
+    done
+    ;;
+esac
