@@ -1,7 +1,8 @@
 """Compile the draft level's fused kernels for sm_90 without a GPU (triton's own ptxas): the two input
 norms in one launch (`rmsnorm_pair_fwd_kernel`) and the vocabulary top-k over logits with the final
 norm folded (`vocab_topk_fwd_kernel`, LOGITS and NORM), at the default head's shapes (576 wide, a
-12,288-token draft vocabulary), PDL on. Prints their registers / stack / shared memory; a lowering
+12,288-token draft vocabulary), and the drafter's ring commit (`ring_commit_fwd_kernel`, 3 x 64 keys a
+row, a 512-slot window, the default), PDL on. Prints their registers / stack / shared memory; a lowering
 failure raises. tests/ops/test_compile_launches.py runs it."""
 import os
 import sys
@@ -10,6 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sm90 import compile_sm90  # noqa: E402
 
 from ssv.ops.glue.kernels import rmsnorm_pair_fwd_kernel  # noqa: E402
+from ssv.ops.ring_commit.kernels import ring_commit_fwd_kernel  # noqa: E402
 from ssv.ops.topk.kernels import vocab_topk_fwd_kernel  # noqa: E402
 
 _, use = compile_sm90(rmsnorm_pair_fwd_kernel, dict(x1="*bf16", w1="*bf16", rows="*i64", x2="*bf16", w2="*bf16",
@@ -22,3 +24,8 @@ for norm in (False, True):
                           dict(V=12288, BV=16384, K=8, MAP=True, CLAMP=True, LOGITS=True, NORM=norm,
                                DM=576 if norm else 1, BDM=1024 if norm else 1, PDL=True), warps=8)
     print(f"vocab_topk logits norm={norm} REG %s STACK %s SHARED %s" % use)
+_, use = compile_sm90(ring_commit_fwd_kernel, dict(k_new="*bf16", v_new="*bf16", k_ring="*bf16", v_ring="*bf16",
+                                                   slot_pos="*i64", x="*bf16", hid="*bf16", n="*i64", dlen="*i64",
+                                                   R="i32", s_kn="i32", s_kr="i32", s_x="i32"),
+                      dict(W=512, E=192, H=576, BR=8, BE=256, BH=1024, PDL=True), warps=4)
+print("ring_commit REG %s STACK %s SHARED %s" % use)
