@@ -68,17 +68,19 @@ class KVCache:
         self.k[layer].index_copy_(1, slots, k_new.transpose(0, 1).to(self.k.dtype))
         self.v[layer].index_copy_(1, slots, v_new.transpose(0, 1).to(self.v.dtype))
 
-    def commit_device(self, path: torch.Tensor, n: torch.Tensor, kernel: Optional[bool] = None) -> None:
+    def commit_device(self, path: torch.Tensor, n: torch.Tensor, kernel: Optional[bool] = None, hist=None,
+                      tokens=None) -> None:
         """Device commit of a step: path [R] scratch offsets (root first, increasing, -1 padded) of which
         the first n [1] are accepted; they are compacted to [P, P + n), P advances and the compressed
-        blocks they complete are filled. Fixed shapes: R and the block count bound the work.
-        kernel (default: on CUDA): `ssv.ops.commit` in two launches instead of ~35 tensor ops."""
+        blocks they complete are filled. Fixed shapes: R and the block count bound the work. hist,
+        tokens: also hist[P + 1 + i] = tokens[i] (`kv_commit_naive`). kernel (default: on CUDA):
+        `ssv.ops.commit` in two launches instead of ~35 tensor ops."""
         if self.k.is_cuda if kernel is None else kernel:
             from ssv.ops.commit.ops import kv_commit
-            kv_commit(self.k, self.v, self._cmp, self.dlen, path, n, self.nsa)
+            kv_commit(self.k, self.v, self._cmp, self.dlen, path, n, self.nsa, hist, tokens)
         else:
             from ssv.ops.commit.naive import kv_commit_naive
-            kv_commit_naive(self.k, self.v, self._cmp, self.dlen, path, n, self.nsa)
+            kv_commit_naive(self.k, self.v, self._cmp, self.dlen, path, n, self.nsa, hist, tokens)
 
     def commit(self, n: int) -> None:
         """Accept the step's first n new tokens in place (prefill chunk, decode token, chain prefix)."""

@@ -70,7 +70,6 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         self._root = torch.zeros(1, dtype=torch.long, device=dev)
         self._one = torch.ones(1, dtype=torch.long, device=dev)
         self._chain1 = torch.ones(1, 1, dtype=torch.bool, device=dev)
-        self._after = torch.arange(1, self.out.numel(), device=dev)   # a path's offsets past the root
         r = runner
         # the kernels for dense attention too (the verify kernel as flash-decoding): the reference
         # reads the length on the host, which a graph cannot
@@ -112,8 +111,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
             nxt = logits[-1].argmax().reshape(1)
         else:
             nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
-        cache.commit_device(self._root, self._one, kernel=self.kernels)
-        self.hist.index_copy_(0, cache.dlen.long().clamp(max=self.hist.numel() - 1), nxt)
+        cache.commit_device(self._root, self._one, kernel=self.kernels, hist=self.hist, tokens=nxt)
         if keep_taps:
             self.ring.write(taps, nxt)
         self.out[:1].fill_(1)
@@ -141,8 +139,6 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
 
     def _accept_body(self, opts, io: dict, params=None) -> None:
         cache, dr, D = self.runner.cache, self.drafter, opts.max_depth
-        # the path's next tokens' positions (past the accepted count beyond the text's end: never read)
-        after = (cache.dlen + self._after[:D + 1]).clamp_(max=self.hist.numel() - 1)
         flat = io["tree"]
         # the record (accepted count, the token after each path row) and the next root are written
         # where the host and the next round read them; greedy: by the walk's own launch
@@ -152,8 +148,9 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         else:
             _, k = _sample_bounds(opts)
             path, rows = accept_sample_round(flat, io["logits"], params, io["coins"], D, k, n, nxt, self.tok)
-        cache.commit_device(path, n, kernel=self.kernels)
-        self.hist.index_copy_(0, after, nxt)
+        # the text by position gets the token after each path row (past the accepted count they land
+        # beyond the text's end: never read)
+        cache.commit_device(path, n, kernel=self.kernels, hist=self.hist, tokens=nxt)
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
 

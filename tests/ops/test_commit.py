@@ -76,3 +76,33 @@ def test_commit_kernel_refuses_bad_shapes():
     with pytest.raises(ValueError, match="D a power of two"):
         kv_commit(k, k.clone(), None, torch.zeros(1, dtype=torch.int32, device=DEV),
                   torch.zeros(1, dtype=torch.long, device=DEV), torch.ones(1, dtype=torch.long, device=DEV), None)
+
+
+@pytest.mark.parametrize("P,M,n,L", [(0, 1, 1, 8), (5, 7, 3, 40), (30, 9, 0, 40), (33, 7, 7, 41), (11, 5, 2, 64)])
+def test_commit_writes_history_as_twin(P, M, n, L):
+    """hist[P + 1 + i] = tokens[i] with the length's advance (one launch after the kernel); P = 33,
+    M = 7, L = 41 writes up to the history's last slot exactly."""
+    gen = torch.Generator().manual_seed(P * 100 + M)
+    cache = KVCache(2, 2, 16, max_len=48, scratch=16, nsa=None, device=DEV)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    tokens = torch.randint(0, 1000, (M,), generator=gen).to(DEV)
+    path = _path(M, max(n, 1), gen, 16).to(DEV)
+    states = []
+    for fn in (kv_commit, kv_commit_naive):
+        hist = torch.full((L,), -7, dtype=torch.long, device=DEV)
+        k, v, dlen = cache.k.clone(), cache.v.clone(), torch.tensor([P], dtype=torch.int32, device=DEV)
+        fn(k, v, None, dlen, path, torch.tensor([n], device=DEV), None, hist, tokens)
+        states.append((k, v, dlen, hist))
+    for a, b in zip(*states):
+        assert torch.equal(a, b)
+    want = torch.full((L,), -7, dtype=torch.long)
+    want[P + 1:P + 1 + M] = tokens.cpu()
+    assert torch.equal(states[0][3].cpu(), want) and int(states[0][2]) == P + n
+
+
+def test_commit_refuses_bad_history():
+    k = torch.zeros(2, 2, 8, 16, device=DEV)
+    one = torch.ones(1, dtype=torch.long, device=DEV)
+    with pytest.raises(ValueError, match="hist and tokens"):
+        kv_commit(k, k.clone(), None, torch.zeros(1, dtype=torch.int32, device=DEV), one - 1, one, None,
+                  torch.zeros(8, dtype=torch.int32, device=DEV), one)

@@ -48,3 +48,19 @@ def kv_commit_fwd_kernel(
             m_c = (o_d < D) & (b < nb1) & (b < NB)
             tl.store(p_c, (tl.sum(b_k, 0) / L_CMP).to(cmp.dtype.element_ty), mask=m_c)
             tl.store(p_c + s_cx, (tl.sum(b_v, 0) / L_CMP).to(cmp.dtype.element_ty), mask=m_c)
+
+
+@triton.jit
+def kv_advance_fwd_kernel(dlen, n_acc, hist, tokens, M, L, HIST: tl.constexpr, BM: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    # after the commit's programs have all read the old length: the length advanced and (HIST) the
+    # tokens after the accepted rows put in the text by position, in one program (where a cast, an
+    # add, a position row and a scatter were four launches or more)
+    pdl_prologue(PDL)
+    P = tl.load(dlen).to(tl.int64)
+    if HIST:
+        o_m = tl.arange(0, BM)
+        m_m = o_m < M
+        p_at = tl.minimum(P + 1 + o_m, L - 1)
+        tl.store(hist + p_at, tl.load(tokens + o_m, mask=m_m), mask=m_m)
+    tl.store(dlen, (P + tl.load(n_acc).to(tl.int64)).to(dlen.dtype.element_ty))

@@ -14,11 +14,14 @@ def _blocks(length: torch.Tensor, nsa: NSAConfig) -> torch.Tensor:
 
 
 def kv_commit_naive(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dlen: torch.Tensor,
-                    path: torch.Tensor, n: torch.Tensor, nsa: Optional[NSAConfig]) -> None:
+                    path: torch.Tensor, n: torch.Tensor, nsa: Optional[NSAConfig], hist: Optional[torch.Tensor] = None,
+                    tokens: Optional[torch.Tensor] = None) -> None:
     """k, v [Lyr, H, T, D]; cmp [2, Lyr, H, NB + 1, D] (the last block a spare that padded updates hit);
     dlen [1] int32 committed length P; path [R] scratch offsets (increasing, -1 padded), n [1] accepted.
     Slots P + path[i] move to P + i for i < n, the compressed blocks completed by [P, P + n) are
-    filled, and dlen becomes P + n."""
+    filled, and dlen becomes P + n. hist [L] int64 with tokens [M]: also hist[P + 1 + i] = tokens[i]
+    (the text by position: the token after each accepted row; positions clamped to L - 1, which the
+    callers size never to reach)."""
     R = path.numel()
     P = dlen.long()
     j = torch.arange(R, device=path.device)
@@ -36,4 +39,7 @@ def kv_commit_naive(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor
         dst_b = torch.where(b < _blocks(new, nsa), b, cap).clamp_max(cap)
         for i, t in enumerate((k, v)):
             cmp[i].index_copy_(2, dst_b, t[:, :, slots].float().mean(-2).to(t.dtype))
+    if hist is not None:
+        at = (P + 1 + torch.arange(tokens.numel(), device=P.device)).clamp_(max=hist.numel() - 1)
+        hist.index_copy_(0, at, tokens)
     dlen.copy_(new.to(torch.int32))

@@ -8,14 +8,15 @@ import torch
 import triton
 
 from ssv.config import NSAConfig
-from ssv.ops.commit.kernels import kv_commit_fwd_kernel
+from ssv.ops.commit.kernels import kv_advance_fwd_kernel, kv_commit_fwd_kernel
 from ssv.ops.pdl import pdl_args
 
 
 def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dlen: torch.Tensor,
-              path: torch.Tensor, n: torch.Tensor, nsa: Optional[NSAConfig]) -> None:
-    """As `kv_commit_naive`; dlen is advanced by a second (one-element) launch after the kernel, whose
-    programs all read the old length."""
+              path: torch.Tensor, n: torch.Tensor, nsa: Optional[NSAConfig], hist: Optional[torch.Tensor] = None,
+              tokens: Optional[torch.Tensor] = None) -> None:
+    """As `kv_commit_naive`; dlen is advanced (and hist written) by a second one-program launch after
+    the kernel, whose programs all read the old length."""
     lyr, h, t, d = k.shape
     if v.shape != k.shape or v.stride() != k.stride() or k.stride(3) != 1 or d & (d - 1):
         raise ValueError(f"kv_commit: k and v must share shape and strides, rows contiguous, D a power of "
@@ -30,4 +31,10 @@ def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dle
         k.stride(0), k.stride(1), k.stride(2), c.stride(0), c.stride(1), c.stride(2), c.stride(3), h,
         R=r, D=d, L_CMP=l, BL=triton.next_power_of_2(l), STRIDE=st, M=r // st + 1, NSA=nsa is not None,
         **pdl_args(k.device), num_warps=2)
-    dlen.add_(n.to(torch.int32))
+    if hist is not None and (hist.dim() != 1 or hist.dtype != torch.long or tokens is None or tokens.dim() != 1
+                             or tokens.dtype != torch.long or not hist.is_contiguous() or not tokens.is_contiguous()):
+        raise ValueError("kv_commit: hist and tokens must be contiguous 1-D int64 tensors")
+    m = tokens.numel() if hist is not None else 1
+    kv_advance_fwd_kernel[(1,)](dlen, n, hist if hist is not None else dlen, tokens if hist is not None else n, m,
+                                hist.numel() if hist is not None else 1, HIST=hist is not None,
+                                BM=triton.next_power_of_2(m), num_warps=1, **pdl_args(k.device))
