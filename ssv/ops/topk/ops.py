@@ -42,7 +42,11 @@ def vocab_topk(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, num_wa
         vocab_topk_fwd_kernel[(r,)](x, vals, ids, ids if id_map is None else id_map.contiguous(),
                                     x if xn is None else xn, x.stride(0), vals.stride(0), s_xn, eps, V=v, BV=bv, K=k,
                                     MAP=id_map is not None, CLAMP=bool(clamp), LOGITS=bool(logits), **nk,
-                                    **pdl_args(x.device), num_warps=num_warps or (8 if bv >= 4096 else 4))
+                                    **pdl_args(x.device), num_warps=num_warps or (8 if bv >= 4096 else 4),
+                                    # the folded norm's x * s, unfused: LLVM contracted it into some
+                                    # elements' x * s - max and not others, so equal logits ranked as
+                                    # unequal ones (an H100, 2026-12-06)
+                                    enable_fp_fusion=False)
     return vals, ids
 
 
