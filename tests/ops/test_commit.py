@@ -100,9 +100,14 @@ def test_commit_writes_history_as_twin(P, M, n, L):
     assert torch.equal(states[0][3].cpu(), want) and int(states[0][2]) == P + n
 
 
-def test_commit_refuses_bad_history():
-    k = torch.zeros(2, 2, 8, 16, device=DEV)
-    one = torch.ones(1, dtype=torch.long, device=DEV)
-    with pytest.raises(ValueError, match="hist and tokens"):
-        kv_commit(k, k.clone(), None, torch.zeros(1, dtype=torch.int32, device=DEV), one - 1, one, None,
-                  torch.zeros(8, dtype=torch.int32, device=DEV), one)
+def test_commit_refuses_bad_history_before_any_write():
+    k = torch.randn(2, 2, 8, 16, device=DEV)
+    v, dlen, before = k.clone(), torch.zeros(1, dtype=torch.int32, device=DEV), k.clone()
+    path = torch.tensor([0, 3], device=DEV)   # would move row 3 to row 1
+    two = torch.tensor([2], device=DEV)
+    for hist, tokens in ((torch.zeros(8, dtype=torch.int32, device=DEV), two),
+                         (torch.zeros(8, dtype=torch.long, device=DEV), None),
+                         (torch.zeros(8, dtype=torch.long, device=DEV), two.float())):
+        with pytest.raises(ValueError, match="hist and tokens"):
+            kv_commit(k, v, None, dlen, path, two, None, hist, tokens)
+        assert torch.equal(k, before) and torch.equal(v, before) and int(dlen) == 0

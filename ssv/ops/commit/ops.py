@@ -23,6 +23,9 @@ def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dle
                          f"two; got {tuple(k.shape)}, {tuple(v.shape)}")
     if nsa is not None and (cmp is None or cmp.shape[:3] != (2, lyr, h) or cmp.shape[4] != d or cmp.stride(4) != 1):
         raise ValueError("kv_commit: cmp must be [2, Lyr, H, NB + 1, D] with contiguous rows")
+    if hist is not None and (hist.dim() != 1 or hist.dtype != torch.long or tokens is None or tokens.dim() != 1
+                             or tokens.dtype != torch.long or not hist.is_contiguous() or not tokens.is_contiguous()):
+        raise ValueError("kv_commit: hist and tokens must be contiguous 1-D int64 tensors")
     r = path.numel()
     c = cmp if nsa is not None else k
     l, st = (nsa.cmp_block, nsa.cmp_stride) if nsa is not None else (1, 1)
@@ -31,9 +34,6 @@ def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dle
         k.stride(0), k.stride(1), k.stride(2), c.stride(0), c.stride(1), c.stride(2), c.stride(3), h,
         R=r, D=d, L_CMP=l, BL=triton.next_power_of_2(l), STRIDE=st, M=r // st + 1, NSA=nsa is not None,
         **pdl_args(k.device), num_warps=2)
-    if hist is not None and (hist.dim() != 1 or hist.dtype != torch.long or tokens is None or tokens.dim() != 1
-                             or tokens.dtype != torch.long or not hist.is_contiguous() or not tokens.is_contiguous()):
-        raise ValueError("kv_commit: hist and tokens must be contiguous 1-D int64 tensors")
     m = tokens.numel() if hist is not None else 1
     kv_advance_fwd_kernel[(1,)](dlen, n, hist if hist is not None else dlen, tokens if hist is not None else n, m,
                                 hist.numel() if hist is not None else 1, HIST=hist is not None,
