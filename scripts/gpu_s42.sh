@@ -12,12 +12,8 @@
 #   h:  carry [".stage/base42"]  the base package and session 39's head into /tmp/base42
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, base then HEAD, one machine
-# Second machine (the draft level's launches, A/B against 97f0ccf in .stage/base43, its ssv without ssv/data):
-#   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/base43"]  the CUDA tests of the changed ops and the
-#       device round, then scripts/profile_round.py (random weights, 4K) base / head / base / head
-#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
-#   ab2: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
-#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, base then head
+# The draft level's A/B these calls were to run (its second machine was never lent in session 42) ran in
+# session 43 as scripts/gpu_s43.sh, with the next commit beside it.
 # SSV_COMMIT / BASE_COMMIT name the commits (no git there).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -70,27 +66,5 @@ h)
 ab)
     e2e_ab /tmp/base42 ${BASE_COMMIT:-accee8f} e2e h ar-nsa sd-naive "ssv strict" "ssv strict lookup" "ar dense" \
         "eagle3 dense lookup"
-    ;;
-b)
-    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
-    rm -rf /tmp/base43 && cp -r .stage/base43 /tmp/base43 && ln -sfn "$R/ssv/data" /tmp/base43/ssv/data
-    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py tests/ops/test_glue.py \
-        tests/ops/test_draft_fused.py tests/ops/test_engine_kernels.py tests/draft/test_cuda.py \
-        tests/engine/test_device_round.py} 2>&1 | tail -4 | tee "$OUTD/tests-draft-level.log"
-    for rep in ${REPS:-1 2}; do
-        for who in base head; do
-            pp=$R c=${SSV_COMMIT:-head}; [ $who = base ] && { pp=/tmp/base43; c=${BASE_COMMIT:-97f0ccf}; }
-            mkdir -p "$OUTD/profile-$who-$rep"
-            (cd $pp && SSV_COMMIT=$c OUT="$OUTD/profile-$who-$rep" MODES="ssv strict,sd-naive" ROUNDS=50 timeout 120 \
-                python3 "$R/scripts/profile_round.py" 2>&1 | grep "==")
-        done
-    done
-    ;;
-q1) bash scripts/train_draft_gpu.sh receive 1 >/dev/null ;;
-q2) bash scripts/train_draft_gpu.sh receive 2 >/dev/null ;;
-q3) bash scripts/train_draft_gpu.sh receive 3 >/dev/null ;;
-ab2)
-    e2e_ab /tmp/base43 ${BASE_COMMIT:-97f0ccf} e2e2 b ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup"
     ;;
 esac
