@@ -470,3 +470,33 @@ def test_building_on_the_meta_device_does_not_import_dynamo():
             "assert m.inv_freq.device.type == 'cpu'\nprint('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_wide_taps_are_the_tapped_layers_side_by_side(fused, monkeypatch):
+    """Transformer.forward(wide_taps=True): column block j is layer taps[j]'s output (taps in any order,
+    as the drafter's input takes them), the same values as the list of taps, on the eager layers and
+    on the fused ones (whose residual adds in place: each block must be copied before the next layer)."""
+    import ssv.model.layers as L
+    import ssv.model.llama as LL
+    from tests.conftest import make_tiny_model
+    if fused:   # the CUDA step's glue kernels (the interpreter here)
+        for m in (L, LL):
+            monkeypatch.setattr(m, "fused_glue", lambda x: x.dim() == 2 and not torch.is_grad_enabled())
+    model = make_tiny_model(3, vocab=64, n_layers=4)
+    d = model.cfg.hidden_size
+    outs = []
+    for wide in (False, True):
+        r = Runner(model, attention="dense", max_len=64, backend="reference")
+        r.prefill(list(range(3, 20)))
+        meta = StepMeta.chain(r.length, 5)
+        with torch.no_grad():
+            logits, taps = model(torch.arange(5) + 30, meta.positions, r.plan(meta), r.cache, taps=(3, 0, 2),
+                                 wide_taps=wide)
+        outs.append((logits, taps))
+    (l0, listed), (l1, wide) = outs
+    assert torch.equal(l0, l1) and wide.shape == (5, 3 * d)
+    by_layer = dict(zip(sorted((3, 0, 2)), listed))   # the list is in layer order
+    for j, layer in enumerate((3, 0, 2)):
+        assert torch.equal(wide[:, j * d:(j + 1) * d], by_layer[layer])
+    assert not torch.equal(wide[:, :d], wide[:, d:2 * d])   # distinct layers: the test can tell them apart

@@ -39,6 +39,7 @@ class Eagle3Drafter:
         ids = cfg.layer_ids(target.cfg.n_layers)
         self.taps = tuple(sorted(ids))            # what to ask Transformer.forward for (ascending)
         self._order = [self.taps.index(i) for i in ids]  # tapped (ascending) -> fc column order
+        self.fc_taps = tuple(ids)                 # the layers in fc column order (`wide_taps`)
         self.window = cfg.window
         self.fused = self.device.type == "cuda" if fused is None else bool(fused)
         self.chunk = max(1, min(chunk, self.window))
@@ -228,11 +229,12 @@ class Eagle3Drafter:
     def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor,
                     predict: int = 0) -> Optional[torch.Tensor]:
         """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
-        its next tokens); the padded rows are computed, never stored. predict = k > 0: also return each
+        its next tokens); the padded rows are computed, never stored. taps: as `commit`'s, or one
+        tensor [R, 3 * H] in fc column order (`Transformer.forward(wide_taps=True)` of `fc_taps`). predict = k > 0: also return each
         row's top-k drafts of the token after it [R, k] (target ids, best first): the children a tree
         would propose there."""
         R, W = tokens.numel(), self.window
-        feats = torch.cat([taps[o] for o in self._order], -1)
+        feats = taps if isinstance(taps, torch.Tensor) else torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))
         ar = self._arange(R)
         pos = self.dlen + ar
@@ -246,7 +248,7 @@ class Eagle3Drafter:
             q = mid.qkv_write(self.embed.weight, tokens, hidden, cos, sin, k, v, ar, pos=rpos)
             # the ring's window and the real rows before each row, in one launch
             a = draft_attn_rows(q, self.k, self.v, self.slot_pos, k, v, self.dlen, n, W)
-            out = mid.finish_fused(a, hidden)
+            out = mid.finish_fused(a, hidden, out=hidden)   # hidden is read by nothing after: no copy
             ring_commit(k, v, self.k, self.v, self.slot_pos, out, self.hid_buf, n, self.dlen, W)
         else:
             q, k, v = mid.qkv(self.embed(tokens).to(self.dtype), hidden, *self.head.rope(pos))
@@ -258,7 +260,7 @@ class Eagle3Drafter:
             out = self._attend(q, torch.cat([self.k[:W], k]), torch.cat([self.v[:W], v]),
                                torch.cat([vis_ring, vis_new], 1), hidden)
             ring_commit_naive(k, v, self.k, self.v, self.slot_pos, out, self.hid_buf, n, self.dlen, W)
-        self.dlogp_buf.copy_(self.head.draft_logp(self.hid_buf[None])[0])
+        torch.log_softmax(self.head.draft_logits(self.hid_buf[None]), -1, out=self.dlogp_buf[None])   # draft_logp
         if predict:
             return self._drafts(out, int(predict))
         return None

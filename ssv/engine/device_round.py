@@ -51,6 +51,8 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
             # length plus a tree's depth) is below the cache's rows, as the history buffer's
             drafter.use_rope_table(runner.cache.max_len + runner.cache.scratch + 1)
         self.check_sync = bool(check_sync)
+        # the tapped layers in the drafter's input order: the target writes them side by side
+        self._taps = () if drafter is None else tuple(getattr(drafter, "fc_taps", drafter.taps))
         dev = runner.device
         self.overlap = dev.type == "cuda" if overlap is None else bool(overlap)
         self.graphs = dev.type == "cuda" if graphs is None else bool(graphs)
@@ -106,7 +108,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         plan = self._plan(("ar",), 1)
         pos = cache.dlen.long()
         plan.plan(cache.dlen, pos, self._chain1)
-        logits, taps = model(self.tok, pos, plan, cache, taps=self.drafter.taps if keep_taps else ())
+        logits, taps = model(self.tok, pos, plan, cache, taps=self._taps if keep_taps else (), wide_taps=True)
         if params is None or params.greedy:
             nxt = logits[-1].argmax().reshape(1)
         else:
@@ -135,7 +137,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         T = opts.tree.total_tokens + opts.lookup
         plan = self._plan(("spec", opts.key()), T, opts.verify)
         plan.plan(cache.dlen, io["pos"], io["mask"])
-        io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self.drafter.taps)
+        io["logits"], io["taps"] = model(io["tree"].tokens, io["pos"], plan, cache, taps=self._taps, wide_taps=True)
 
     def _accept_body(self, opts, io: dict, params=None) -> None:
         cache, dr, D = self.runner.cache, self.drafter, opts.max_depth
@@ -152,7 +154,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         # beyond the text's end: never read)
         cache.commit_device(path, n, kernel=self.kernels, hist=self.hist, tokens=nxt)
         # row i of the drafter: (the target's feature at path[i], the token after it)
-        dr.commit_rows([t[rows] for t in io["taps"]], nxt, n)
+        dr.commit_rows(io["taps"][rows], nxt, n)
 
     def _ar_phases(self, params=None, keep_taps: bool = False):
         return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))]

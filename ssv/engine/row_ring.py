@@ -21,7 +21,8 @@ class RowRing:
         self.drafter = drafter
         # a batch of rows must fit the drafter's attention window (its rows see each other)
         n = min(self.SIZE, getattr(drafter, "window", self.SIZE))
-        self.feats = [torch.zeros(n, c.hidden_size, device=dev, dtype=dt) for _ in drafter.taps]
+        # the target's tapped features side by side, in the drafter's input order (`wide_taps`)
+        self.feats = torch.zeros(n, len(drafter.taps) * c.hidden_size, device=dev, dtype=dt)
         self.toks = torch.zeros(n, dtype=torch.long, device=dev)
         self.cnt = torch.zeros(1, dtype=torch.long, device=dev)
         # (top-1 hits, top-k hits, pairs) since the last read; drafters that can predict rows only
@@ -33,7 +34,7 @@ class RowRing:
 
     def tensors(self) -> list:
         """The ring's device state (saved and restored around a capture's warm-up)."""
-        return [*self.feats, self.toks, self.cnt] + ([self.agree] if self.agree is not None else [])
+        return [self.feats, self.toks, self.cnt] + ([self.agree] if self.agree is not None else [])
 
     @property
     def full(self) -> bool:
@@ -41,8 +42,7 @@ class RowRing:
 
     def write(self, taps, nxt: torch.Tensor) -> None:
         """One AR step's row (inside its graph): the target's features here, the token after them."""
-        for f, t in zip(self.feats, taps):
-            f.index_copy_(0, self.cnt, t)
+        self.feats.index_copy_(0, self.cnt, taps)
         self.toks.index_copy_(0, self.cnt, nxt)
         self.cnt.add_(1)
 

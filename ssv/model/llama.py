@@ -78,11 +78,13 @@ class Transformer(nn.Module):
         return rope_cos_sin(torch.arange(n, device=self.inv_freq.device), self.inv_freq)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, plan, cache: KVCache,
-                logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = ()):
+                logits_rows: Optional[torch.Tensor] = None, taps: Sequence[int] = (), wide_taps: bool = False):
         """tokens/positions [N] of the step's new tokens. Returns (logits [R, V] fp32, tapped hidden states).
 
         logits_rows selects the rows to project (None: all); taps lists layer indices whose outputs
-        (hidden states after that layer, before the final norm) are returned, EAGLE-3 style.
+        (hidden states after that layer, before the final norm) are returned, EAGLE-3 style. wide_taps:
+        returned as one tensor [N, len(taps) * H] whose j-th column block is layer taps[j]'s (the
+        drafter's input order: one row gather later instead of a gather per tap and a concatenation).
         """
         x = self.embed_tokens(tokens)
         table = getattr(cache, "rope", None)
@@ -92,12 +94,17 @@ class Transformer(nn.Module):
             (cos, sin), rows = table, positions
         else:
             (cos, sin), rows = rope_cos_sin(positions, self.inv_freq), None
-        tapped = []
+        tapped, d = [], x.shape[-1]
+        wide = x.new_empty(x.shape[0], len(taps) * d) if wide_taps and taps else None
         # the fused layers add their residuals into x in place: a tap is a copy
         keep = (lambda t: t.clone()) if fused_glue(x) else (lambda t: t)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, plan, cache, rows)
             if i in taps:
-                tapped.append(keep(x))
+                if wide is None:
+                    tapped.append(keep(x))
+                else:
+                    j = list(taps).index(i)
+                    wide[:, j * d:(j + 1) * d].copy_(x)
         h = x if logits_rows is None else x[logits_rows]
-        return self.head(h), tapped
+        return self.head(h), (tapped if wide is None else wide)
