@@ -13,6 +13,8 @@
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid"), then ab with
 #       WHO=head in the next call
+# Next (ee2353f, not yet run on a GPU): stage 0829937 as .stage/mid43 (and pk43.tar.xz anew), then b, q1..q3 and
+#   ab with WHO="mid head" MID_COMMIT=0829937.
 # SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
