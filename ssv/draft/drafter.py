@@ -230,9 +230,9 @@ class Eagle3Drafter:
                     predict: int = 0) -> Optional[torch.Tensor]:
         """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
         its next tokens); the padded rows are computed, never stored. taps: as `commit`'s, or one
-        tensor [R, 3 * H] in fc column order (`Transformer.forward(wide_taps=True)` of `fc_taps`). predict = k > 0: also return each
-        row's top-k drafts of the token after it [R, k] (target ids, best first): the children a tree
-        would propose there."""
+        tensor [R, 3 * H] in fc column order (`Transformer.forward(wide_taps=True)` of `fc_taps`).
+        predict = k > 0: also return each row's top-k drafts of the token after it [R, k] (target
+        ids, best first): the children a tree would propose there."""
         R, W = tokens.numel(), self.window
         feats = taps if isinstance(taps, torch.Tensor) else torch.cat([taps[o] for o in self._order], -1)
         hidden = self.head.project(feats.to(self.dtype))

@@ -55,11 +55,8 @@ class Logits(NamedTuple):
 
     def log_probs(self) -> torch.Tensor:
         """The rows' float32 log-probs, as the top-k's launch takes them."""
-        x = self.x.float()
-        if self.norm is not None:
-            from ssv.ops.glue.naive import row_rsqrt
-            x = x * row_rsqrt(*self.norm)
-        return x.log_softmax(-1)
+        from ssv.ops.topk.naive import logits_log_probs
+        return logits_log_probs(self.x, self.norm)
 
 
 # expand(level, tokens [F], parent_rows [F], path_rows [F, depth]) -> log-probs [F, V] of each frontier

@@ -10,13 +10,19 @@ def vocab_topk_naive(x: torch.Tensor, k: int, id_map=None, clamp: bool = False, 
     log_softmax ranked and returned instead of x, after each row is scaled by xn's 1 / rms when
     norm = (xn [R, Dm], eps)."""
     if logits:
-        x = x.float()
-        if norm is not None:
-            from ssv.ops.glue.naive import row_rsqrt
-            x = x * row_rsqrt(*norm)
-        x = x.log_softmax(-1)
+        x = logits_log_probs(x, norm)
     vals, idx = rank_topk_naive(x.double(), k)
     return (vals.clamp_max(0.0) if clamp else vals), (idx if id_map is None else id_map[idx])
+
+
+def logits_log_probs(x: torch.Tensor, norm=None) -> torch.Tensor:
+    """Rows of logits -> their float32 log_softmax, each row first scaled by xn's 1 / rms when norm =
+    (xn [R, Dm], eps) (a folded RMSNorm): what `vocab_topk(logits=True, norm=)` ranks."""
+    x = x.float()
+    if norm is not None:
+        from ssv.ops.glue.naive import row_rsqrt
+        x = x * row_rsqrt(*norm)
+    return x.log_softmax(-1)
 
 
 def rank_topk_naive(x: torch.Tensor, k: int, largest: bool = True, by_index: bool = False):
