@@ -9,6 +9,12 @@ The rule that keeps this safe: `pdl_prologue` is a kernel's first statement, bef
 or early exit. A kernel then completes only after its predecessor did, so completion stays ordered
 along the chain and a kernel may read anything any earlier launch wrote. Launches that are not
 Triton (cuBLAS, torch) wait for the previous kernel in full, as before.
+
+The one thing a kernel may do before its wait is `l2_prefetch_rows`: a hint that pulls its weights
+(memory no kernel of the step writes) into L2 while the previous kernel still runs, so that the
+weights' first bytes, a DRAM round trip for a small GEMM, are not on the chain's critical path. A
+prefetch has no architectural effect (it loads into no register and cannot fault the kernel), so
+it cannot change a result.
 """
 from __future__ import annotations
 
@@ -41,6 +47,21 @@ def pdl(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: CUDA of compute capability 9 or newer (never the
     interpreter, which runs on the CPU)."""
     return device.type == "cuda" and _hopper(_index(device))
+
+
+@triton.jit
+def l2_prefetch_rows(p_rows, K: tl.constexpr, PDL: tl.constexpr):
+    # p_rows [BN]: pointers to rows of K contiguous elements (a weight tile; the caller points rows
+    # past the matrix at a real one); one `prefetch.global.L2` per 128-byte line, 8 lines a row at a
+    # time (the last line repeated past K). Only with PDL: the interpreter has no inline assembly, and
+    # without PDL a kernel starts after its predecessor ends, so there is nothing to overlap
+    if PDL:
+        E: tl.constexpr = 1024 // p_rows.dtype.element_ty.primitive_bitwidth     # elements a line
+        NL: tl.constexpr = (K + E - 1) // E
+        for l0 in tl.static_range(0, NL, 8):
+            o_l = tl.minimum(l0 + tl.arange(0, 8), NL - 1) * E                   # [8]
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                      [p_rows[:, None] + o_l[None, :]], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def pdl_args(device: torch.device) -> dict:

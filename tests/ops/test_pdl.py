@@ -39,8 +39,39 @@ def test_every_kernel_opens_with_the_prologue():
     for path, fn in kernels:
         args = [a.arg for a in fn.args.args]
         assert args[-1] == "PDL" and ast.unparse(fn.args.defaults[-1]) == "False", (path.name, fn.name)
-        first = fn.body[0]
-        assert ast.unparse(first) == "pdl_prologue(PDL)", (path.name, fn.name, ast.unparse(first))
+        body = [ast.unparse(st) for st in fn.body]
+        assert "pdl_prologue(PDL)" in body, (path.name, fn.name)
+        before = body[:body.index("pdl_prologue(PDL)")]
+        # before the wait only index arithmetic and the weights' L2 prefetch: no load, store or exit
+        for st in before:
+            assert not any(w in st for w in ("tl.load", "tl.store", "atomic", "return", "tl.device_assert")), \
+                (path.name, fn.name, st)
+        assert not before or any("l2_prefetch_rows(" in st for st in before), (path.name, fn.name, before)
+
+
+def test_weights_prefetch_precedes_the_wait_and_compiles_for_sm90():
+    """The GEMM kernels' L2 prefetch (ssv/ops/pdl.py: l2_prefetch_rows) is emitted only with PDL and
+    lands before griddepcontrol.wait, a prefetch a thread per 128-byte line of its rows (K = 576: 9
+    lines, 2 chunks of 8 over [32, 8] elements on 128 threads; K = 1536: 3 chunks)."""
+    import os
+    import subprocess
+    import sys
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("triton's bundled ptxas is not installed")
+    root = OPS.parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, str(root / "scripts" / "compile_linear_sm90.py")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {ln.split(" REG")[0]: dict(zip(ln.split()[-8::2], ln.split()[-7::2])) for ln in r.stdout.splitlines()}
+    want = {"linear o": 4, "linear gate_up": 8, "linear down": 6, "linear qkv": 4, "linear_rope qkv": 8}
+    assert len(rows) == 2 * len(want)
+    for name, n in want.items():
+        on, off = rows[f"{name} pdl=True"], rows[f"{name} pdl=False"]
+        assert (on["prefetch_ptx"], on["prefetch_sass"], on["waits"], on["before_wait"]) == (str(n), str(n), "1", "True")
+        assert (off["prefetch_ptx"], off["prefetch_sass"], off["waits"]) == ("0", "0", "0"), name
 
 
 def test_every_launch_passes_the_flag():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssv.ops.pdl import pdl_prologue
+from ssv.ops.pdl import l2_prefetch_rows, pdl_prologue
 
 
 @triton.jit
@@ -45,11 +45,16 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
                       PDL: tl.constexpr = False):
     # program (column tile, row tile): y[BM, BN] = x[BM, :] @ w[BN, :].T over K in BK chunks on the
     # tensor cores, rows padded to 16 (one decode row wastes MMA rows, not bytes: the weights'
-    # tiles are what streams, pipelined through shared memory)
-    pdl_prologue(PDL)
+    # tiles are what streams, pipelined through shared memory). Under PDL the weights' tile is
+    # prefetched into L2 before the wait, while the previous kernel runs: the loop then streams it
+    # from L2, not from DRAM
     i_n, i_m = tl.program_id(0), tl.program_id(1)
-    o_m = i_m * BM + tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)
+    l2_prefetch_rows(w + tl.minimum(o_n, N - 1).to(tl.int64) * s_wn, K, PDL)
+    if GLU:
+        l2_prefetch_rows(w + (tl.minimum(o_n, N - 1) + N).to(tl.int64) * s_wn, K, PDL)
+    pdl_prologue(PDL)
+    o_m = i_m * BM + tl.arange(0, BM)
     m_m, m_n = o_m < M, o_n < N
     p_x = x + o_m.to(tl.int64)[:, None] * s_xm
     p_g = w + o_n.to(tl.int64)[:, None] * s_wn
@@ -74,17 +79,21 @@ def linear_rope_fwd_kernel(x, w, cos, sin, slots, pos, q_out, kc, vc, M, s_xm, s
                            PDL: tl.constexpr = False):
     # program (head block, row tile) of a q|k|v projection: the columns [c, c + BN) of one head's first
     # half and their rotate-half partners [c + D/2, ...) in two accumulators, so RoPE needs no other
-    # program's columns; then q to q_out, k and v to the cache rows slots[m] (rope_write's stores)
-    pdl_prologue(PDL)
+    # program's columns; then q to q_out, k and v to the cache rows slots[m] (rope_write's stores).
+    # The weights' rows are prefetched into L2 before the PDL wait, as linear_fwd_kernel's
     HALF: tl.constexpr = D // 2
     NB: tl.constexpr = HALF // BN
     i_u, i_m = tl.program_id(0), tl.program_id(1)
     i_h, i_j = i_u // NB, i_u % NB          # head among the Hq + 2 Hkv, block within its first half
+    o_c = i_j * BN + tl.arange(0, BN)
+    p_w1 = w + (i_h * D + o_c).to(tl.int64) * s_wn                                  # [BN]
+    l2_prefetch_rows(p_w1, K, PDL)
+    l2_prefetch_rows(p_w1 + HALF * s_wn, K, PDL)
+    pdl_prologue(PDL)
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < M
-    o_c = i_j * BN + tl.arange(0, BN)
     p_x = x + o_m.to(tl.int64)[:, None] * s_xm
-    p_1 = w + (i_h * D + o_c).to(tl.int64)[:, None] * s_wn
+    p_1 = p_w1[:, None]
     p_2 = p_1 + HALF * s_wn
     # the epilogue's operands (positions, cos / sin, slots) loaded before the weights' loop, so that
     # their latency hides under it rather than following it
