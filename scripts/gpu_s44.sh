@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Session 44's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three
+# packages side by side on one machine -- base = 0829937 (session 43's measured head), mid = d799cdb
+# (ee2353f's accept phase in fewer ATen launches + its review, never run on a GPU), head = the working
+# tree (the GEMMs' weights prefetched into L2 before the PDL wait). Here, once:
+#   git archive 0829937 ssv | tar -x -C .stage/base44 --exclude=ssv/data   (likewise d799cdb -> .stage/mid44)
+#   tar -C .stage -cJf .stage/pk44.tar.xz base44 mid44
+#   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
+#   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/pk44.tar.xz"]  the CUDA tests of the changed
+#       kernels at head, then the step table (random weights, 4K) mid / head / mid / head
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid head")
+# SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$R:/tmp/site
+pkg() {  # $1 who -> "package-root commit"
+    case $1 in base) echo "/tmp/base44 ${BASE_COMMIT:-0829937}" ;; mid) echo "/tmp/mid44 ${MID_COMMIT:-d799cdb}" ;;
+    *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+}
+steps() {  # $1 who, $2 out folder: the step table at 4K (random weights), from an empty directory
+    read -r pp c <<< "$(pkg $1)"
+    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
+        python3 -m ssv bench e2e --no-default --steps ${STEPS:-4096} --steps-shape ${STEPS_SHAPE:-smollm2-135m} \
+        --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+}
+case "${1:?call}" in
+b)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    rm -rf /tmp/base44 /tmp/mid44 && tar -C /tmp -xJf .stage/pk44.tar.xz
+    for w in base44 mid44; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_pdl.py \
+        tests/ops/test_linear.py tests/ops/test_linear_rope.py tests/ops/test_glue.py tests/engine/test_device_round.py} \
+        2>&1 | tail -4 | tee "$OUTD/tests-head.log"
+    for rep in ${REPS:-1 2}; do
+        for who in mid head; do steps $who steps-$who-$rep; done
+    done
+    ;;
+q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)  # `ssv bench e2e` at 4K for each of WHO, each from an empty directory with its own package
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    for who in ${WHO:-base mid head}; do
+        read -r pp c <<< "$(pkg $who)"
+        [ -d $pp/ssv ] || { echo "no $pp: send b first"; exit 2; }
+        mkdir -p /tmp/cwd-$who
+        (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --modes ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup" \
+            --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
+    done
+    ;;
+esac
