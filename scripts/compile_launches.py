@@ -155,8 +155,11 @@ def main(quick: bool) -> int:
             seen.add(key)
             t0 = time.time()
             try:
-                reg = compile_sm90(fn, sig, const, warps, stages)[1]
+                cc, reg = compile_sm90(fn, sig, const, warps, stages)
                 res = f"REG/STACK/SHARED {'/'.join(reg)}"
+                ptx = cc.asm["ptx"]   # the L2 prefetch of the KV a kernel reads: before the PDL wait only
+                n_pf, wait = ptx.count("prefetch.global.L2"), ptx.find("griddepcontrol.wait")
+                res += f" prefetch {n_pf} {('before' if ptx.rfind('prefetch.global.L2') < wait else 'AFTER') if n_pf else '-'}"
             except Exception as e:  # noqa: BLE001 - the report is the point
                 bad += 1
                 res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"

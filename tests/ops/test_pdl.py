@@ -46,7 +46,7 @@ def test_every_kernel_opens_with_the_prologue():
         for st in before:
             assert not any(w in st for w in ("tl.load", "tl.store", "atomic", "return", "tl.device_assert")), \
                 (path.name, fn.name, st)
-        assert not before or any("l2_prefetch_rows(" in st for st in before), (path.name, fn.name, before)
+        assert not before or any("l2_prefetch_" in st for st in before), (path.name, fn.name, before)
 
 
 def test_weights_prefetch_precedes_the_wait_and_compiles_for_sm90():

@@ -11,7 +11,7 @@ import triton.language as tl
 from ssv.ops.nsa.route_kernels import (_cmp_scores, _cmp_values, _finish_softmax, _imp_path, _imp_range, _load_q_rows,
                                        _lse_path, _lse_range, _num_own, _path_mask, _path_scores, _query_cols,
                                        _topk_rows)
-from ssv.ops.pdl import pdl_prologue
+from ssv.ops.pdl import l2_prefetch_tail, pdl_prologue
 
 
 @triton.jit
@@ -88,9 +88,14 @@ def nsa_route_score_fwd_kernel(
     # committed compression blocks in whole BC tiles: partial softmax states and, when SUMS (the
     # one-sweep form), per head each selection block's sums against its tile's max; split NCS + b
     # the path-specific block b of every row (its raw score kept in sp): its own program, so the
-    # path blocks' slot products run beside the compressed sweep, not after it
-    pdl_prologue(PDL)
+    # path blocks' slot products run beside the compressed sweep, not after it. Under PDL the head's
+    # committed compressed keys (and values) go into L2 first, while the previous kernel runs
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_part, n_part = i_g * tl.num_programs(2) + i_s, tl.num_programs(0) * tl.num_programs(2)
+    l2_prefetch_tail(kc + i_h * s_kh, nbpre, 1 << 30, s_kb, i_part, n_part, D, PDL)
+    if WANT_O:
+        l2_prefetch_tail(vc + i_h * s_kh, nbpre, 1 << 30, s_kb, i_part, n_part, D, PDL)
+    pdl_prologue(PDL)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
