@@ -119,10 +119,13 @@ def nsa_verify_fwd_kernel(
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     # under PDL, while the previous kernel (the routing) runs: the window's keys and values before
-    # the prefix length, which every group of this head reads, into L2, shared out over its programs
+    # the prefix length, which every group of this head reads, into L2, shared out over its programs.
+    # At most its last 1,024 rows: the dense plan's window is the whole cache (with all of it
+    # prefetched, the dense verify pass ran 3% slower at 8K on an H100, bench/results/gpu-s44/;
+    # the cap is not measured)
     i_part, n_part = i_g * tl.num_programs(2) + i_z, tl.num_programs(0) * tl.num_programs(2)
-    l2_prefetch_tail(k + i_h * s_kh, plen, W, s_kt, i_part, n_part, D, PDL)
-    l2_prefetch_tail(v + i_h * s_kh, plen, W, s_kt, i_part, n_part, D, PDL)
+    l2_prefetch_tail(k + i_h * s_kh, plen, tl.minimum(W, 1024), s_kt, i_part, n_part, D, PDL)
+    l2_prefetch_tail(v + i_h * s_kh, plen, tl.minimum(W, 1024), s_kt, i_part, n_part, D, PDL)
     pdl_prologue(PDL)
     i_s, i_k = i_z // NSPLIT, i_z % NSPLIT       # row split, KV split
     # the committed prefix length, read from device memory: no launch argument moves with the
