@@ -77,7 +77,8 @@ def l2_prefetch_tail(base, end_ptr, n_rows, s_row, part, parts, D: tl.constexpr,
     # the last n_rows rows before row *end_ptr (rows [max(end - n_rows, 0), end)) of a matrix with D
     # contiguous elements a row (stride s_row) into L2: this program's share (part of parts, 16 rows
     # at a time), one prefetch a 128-byte line. end_ptr is device state no kernel of the step writes
-    # (a length), loaded only to form addresses: a stale value could cost a miss, never a result
+    # (a length), loaded only to form addresses: a stale value could cost a miss, never a result, and
+    # n_rows bounds the loop whatever it reads
     if PDL:
         E: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth
         NL: tl.constexpr = (D + E - 1) // E

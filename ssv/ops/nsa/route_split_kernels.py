@@ -92,9 +92,11 @@ def nsa_route_score_fwd_kernel(
     # committed compressed keys (and values) go into L2 first, while the previous kernel runs
     i_g, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_part, n_part = i_g * tl.num_programs(2) + i_s, tl.num_programs(0) * tl.num_programs(2)
-    l2_prefetch_tail(kc + i_h * s_kh, nbpre, 1 << 30, s_kb, i_part, n_part, D, PDL)
+    # (at most NBS * R rows, every compression block a row's selection blocks can start: a bound on
+    # the loop that holds whatever the length read before the wait)
+    l2_prefetch_tail(kc + i_h * s_kh, nbpre, NBS * R, s_kb, i_part, n_part, D, PDL)
     if WANT_O:
-        l2_prefetch_tail(vc + i_h * s_kh, nbpre, 1 << 30, s_kb, i_part, n_part, D, PDL)
+        l2_prefetch_tail(vc + i_h * s_kh, nbpre, NBS * R, s_kb, i_part, n_part, D, PDL)
     pdl_prologue(PDL)
     b_q, o_r, o_qi, m_r, o_hq, o_d = _load_q_rows(q, i_g, i_h, N, scale, s_qn, s_qh, G, CR, BM, D, GP)
     b_m = tl.full([BM], float("-inf"), tl.float32)
