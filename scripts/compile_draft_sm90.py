@@ -14,10 +14,12 @@ from ssv.ops.glue.kernels import rmsnorm_pair_fwd_kernel  # noqa: E402
 from ssv.ops.ring_commit.kernels import ring_commit_fwd_kernel  # noqa: E402
 from ssv.ops.topk.kernels import vocab_topk_fwd_kernel  # noqa: E402
 
-_, use = compile_sm90(rmsnorm_pair_fwd_kernel, dict(x1="*bf16", w1="*bf16", rows="*i64", x2="*bf16", w2="*bf16",
-                                                    y="*bf16", eps1="fp32", eps2="fp32", s_x1="i32", s_x2="i32",
-                                                    s_y="i32"), dict(D=576, BD=1024, PDL=True), warps=4)
-print("rmsnorm_pair REG %s STACK %s SHARED %s" % use)
+for gather in (False, True):   # the level's parent features gathered and copied (a level > 2), or not
+    _, use = compile_sm90(rmsnorm_pair_fwd_kernel, dict(x1="*bf16", w1="*bf16", rows="*i64", x2="*bf16", w2="*bf16",
+                                                        y="*bf16", rows2="*i64", raw="*bf16", eps1="fp32", eps2="fp32",
+                                                        s_x1="i32", s_x2="i32", s_y="i32", s_raw="i32"),
+                          dict(D=576, BD=1024, GATHER2=gather, RAW=True, PDL=True), warps=4)
+    print(f"rmsnorm_pair gather={gather} REG %s STACK %s SHARED %s" % use)
 for norm in (False, True):
     _, use = compile_sm90(vocab_topk_fwd_kernel, dict(x="*fp32", vals="*fp64", ids="*i64", id_map="*i64", xn="*bf16",
                                                       s_x="i32", s_o="i32", s_xn="i32", eps="fp32"),

@@ -193,9 +193,10 @@ class Eagle3Drafter:
         level's rows are the contiguous range (level - 2) * F.. (grow_tree's layout), the children of
         the root (level 2) all take the last committed feature and the others their parent's row,
         the level positions' RoPE is made once a round (at level 2), and the attention is one
-        kernel (ssv/ops/draft_attn) over the ring and each node's path rows. The parents' features
-        are gathered straight into the level's own rows, where the layer adds into them (no copy
-        launch; levels alternate between two feature buffers, as torch refuses a gather within one),
+        kernel (ssv/ops/draft_attn) over the ring and each node's path rows. The input norms' launch
+        reads each node's parent feature (the root's children: the last committed one) and also
+        copies it into the level's own rows, where the layer adds into it (no gather or copy launch;
+        levels alternate between two feature buffers, so a level never writes the rows it reads),
         and the rows come back as `Logits` with the final norm folded: their norm scale and
         log_softmax are the top-k's launch."""
         from ssv.ops.draft_attn.ops import draft_attn
@@ -206,17 +207,18 @@ class Eagle3Drafter:
         rows = self._arange(sk.shape[0])
         own = (h_even if level % 2 == 0 else h_odd)[lo:lo + f]
         if level == 2:
-            feat = self.hid_buf[None].expand(f, -1)
+            src, parents = self.hid_buf[None].expand(f, -1), None     # a broadcast row
             # levels 2.. at P + 1.. (P = dlen - 1)
             p = self.dlen + self._arange(depth)
             tab = self._rope_tab
             self._level_rope = self.head.rope(p) if tab is None else (tab[0][p], tab[1][p])
         else:
-            feat = torch.index_select(h_odd if level % 2 == 0 else h_even, 0, parent_rows, out=own)
+            src, parents = h_odd if level % 2 == 0 else h_even, parent_rows
         cos, sin = (t[level - 2:level - 1] for t in self._level_rope)
-        q = mid.qkv_write(self.embed.weight, tokens, feat, cos, sin, sk, sv, rows[lo:lo + f])
+        q = mid.qkv_write(self.embed.weight, tokens, src, cos, sin, sk, sv, rows[lo:lo + f], hidden_rows=parents,
+                          raw=own)
         a = draft_attn(q, self.k, self.v, self.slot_pos, sk, sv, path_rows, self.dlen, level, W)
-        out = mid.finish_fused(a, feat, out=own)
+        out = mid.finish_fused(a, own, out=own)
         return self.head.draft_logits_folded(out)
 
     def _attend(self, q, k, v, vis, residual) -> torch.Tensor:

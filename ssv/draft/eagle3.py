@@ -83,16 +83,20 @@ class Eagle3Layer(nn.Module):
 
     # the fused twins of qkv / finish (the target's glue kernels: ~7 launches where the eager
     # layer takes ~50), for the device round's fixed shapes; tests compare them with the eager ones
-    def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots, pos=None) -> torch.Tensor:
+    def qkv_write(self, embed_w, tokens, hidden, cos, sin, k_buf, v_buf, slots, pos=None, hidden_rows=None,
+                  raw=None) -> torch.Tensor:
         """qkv of the rows (token embedding rows `tokens` of embed_w, hidden), with k and v stored at
         rows `slots` of k_buf / v_buf [S, Hkv, D]; returns q [N, Hq, D]. pos [N]: cos / sin are tables
         by position (`rope_write`'s). The two norms write the halves of one buffer in one launch, the
-        first gathering the embedding rows: no lookup or concatenation launch of their own."""
+        first gathering the embedding rows: no lookup or concatenation launch of their own.
+        hidden_rows [N]: the features are rows hidden_rows of hidden (the nodes' parents); raw [N, H]:
+        the same launch copies the features there as they are (the residual `finish_fused` adds into)."""
         from ssv.ops.glue.ops import rmsnorm_pair, rope_write
         c, a, h = self.c, self.self_attn, hidden.shape[1]
-        x = torch.empty(hidden.shape[0], 2 * h, device=hidden.device, dtype=hidden.dtype)
+        n = tokens.numel()
+        x = torch.empty(n, 2 * h, device=hidden.device, dtype=hidden.dtype)
         rmsnorm_pair(embed_w, self.input_layernorm.weight, self.input_layernorm.eps, tokens, hidden,
-                     self.hidden_norm.weight, self.hidden_norm.eps, out=x)
+                     self.hidden_norm.weight, self.hidden_norm.eps, out=x, rows2=hidden_rows, raw=raw)
         w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
         return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
                           k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots, pos=pos)

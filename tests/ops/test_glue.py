@@ -84,6 +84,40 @@ def test_rmsnorm_pair_matches_naive(n, d, broadcast):
         rmsnorm_pair(x1, w1, 1e-5, rows[:-1], x2, w2, 1e-3, out[:-1])
 
 
+@pytest.mark.parametrize("n,d,broadcast", [(1, 64, False), (6, 48, False), (8, 576, False), (4, 40, True)])
+def test_rmsnorm_pair_gathers_and_copies_the_features(n, d, broadcast):
+    """rows2: the feature half normalizes rows rows2 of a larger x2 (the draft level's parents,
+    repeated), and raw receives those rows as they are (the layer's residual): into a window of a
+    NaN-framed buffer, its other rows untouched; raw alone with a broadcast row (the drafter's level
+    2). Against the twin, and an index off by one row fails."""
+    g = torch.Generator().manual_seed(7 * n + d)
+    x1 = (torch.randn(30, d, generator=g) * 3).to(DT).to(DEV)
+    src = (torch.randn(2 * n + 3, d, generator=g) * 0.2).to(DT).to(DEV)
+    w1, w2 = ((1 + 0.1 * torch.randn(d, generator=g)).to(DT).to(DEV) for _ in range(2))
+    rows = torch.randint(0, 30, (n,), generator=g).to(DEV)
+    if broadcast:
+        x2, rows2, want_raw = src[2][None].expand(n, d), None, src[2][None].expand(n, d)
+    else:
+        rows2 = torch.randint(0, src.shape[0], (n,), generator=g).to(DEV)
+        rows2[-1] = rows2[0]
+        x2, want_raw = src, src[rows2]
+    out = torch.full((n, 2 * d), float("nan"), dtype=DT, device=DEV)
+    frame = torch.full((n + 4, d), float("nan"), dtype=DT, device=DEV)
+    raw = frame[2:2 + n]
+    rmsnorm_pair(x1, w1, 1e-5, rows, x2, w2, 1e-3, out, rows2=rows2, raw=raw)
+    assert not out.isnan().any() and frame[:2].isnan().all() and frame[2 + n:].isnan().all()
+    assert torch.equal(raw, want_raw)
+    want = rmsnorm_pair_naive(x1, w1, 1e-5, rows, x2, w2, 1e-3, rows2=rows2)
+    torch.testing.assert_close(out, want, **TOL)
+    if rows2 is not None:
+        off = rmsnorm_pair_naive(x1, w1, 1e-5, rows, x2, w2, 1e-3, rows2=(rows2 + 1) % src.shape[0])
+        assert not torch.allclose(out[:, d:].float(), off[:, d:].float(), **TOL)
+        with pytest.raises(ValueError, match="rmsnorm_pair: rows2"):
+            rmsnorm_pair(x1, w1, 1e-5, rows, x2, w2, 1e-3, out, rows2=rows2[:-1])
+    with pytest.raises(ValueError, match="rmsnorm_pair: raw"):
+        rmsnorm_pair(x1, w1, 1e-5, rows, x2, w2, 1e-3, out, rows2=rows2, raw=frame[:n + 1])
+
+
 def test_rope_write_with_one_shared_position():
     g = torch.Generator().manual_seed(9)
     n, hq, hkv, d = 3, 4, 2, 16

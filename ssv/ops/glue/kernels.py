@@ -8,10 +8,14 @@ from ssv.ops.pdl import pdl_prologue
 
 
 @triton.jit
-def _rmsnorm_row(x_row, w, y_row, eps, D: tl.constexpr, BD: tl.constexpr):
+def _rmsnorm_row(x_row, w, y_row, eps, D: tl.constexpr, BD: tl.constexpr, raw_row=None, RAW: tl.constexpr = False):
+    # RAW: the input row is also copied as it is to raw_row
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    b_x = tl.load(x_row + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_xr = tl.load(x_row + o_d, mask=m_d, other=0.0)
+    if RAW:
+        tl.store(raw_row + o_d, b_xr, mask=m_d)
+    b_x = b_xr.to(tl.float32)
     b_r = tl.math.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
     # normalized in fp32, rounded to the activations' dtype, then scaled (as RMSNorm.forward does)
     b_n = (b_x * b_r).to(y_row.dtype.element_ty).to(tl.float32)
@@ -30,16 +34,20 @@ def rmsnorm_fwd_kernel(x, w, y, rows, eps, s_x, s_y, D: tl.constexpr, BD: tl.con
 
 
 @triton.jit
-def rmsnorm_pair_fwd_kernel(x1, w1, rows, x2, w2, y, eps1, eps2, s_x1, s_x2, s_y, D: tl.constexpr,
-                            BD: tl.constexpr, PDL: tl.constexpr = False):
-    # program (row i, half j): y[i, :D] = RMSNorm_1(x1[rows[i]]), y[i, D:] = RMSNorm_2(x2[i]) (the
-    # EAGLE-3 layer's two input norms: a token's embedding row and a feature, one launch)
+def rmsnorm_pair_fwd_kernel(x1, w1, rows, x2, w2, y, rows2, raw, eps1, eps2, s_x1, s_x2, s_y, s_raw,
+                            D: tl.constexpr, BD: tl.constexpr, GATHER2: tl.constexpr, RAW: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    # program (row i, half j): y[i, :D] = RMSNorm_1(x1[rows[i]]), y[i, D:] = RMSNorm_2(x2[r]) (the
+    # EAGLE-3 layer's two input norms: a token's embedding row and a feature, one launch), r =
+    # rows2[i] with GATHER2 (a node's parent feature) else i; RAW: raw[i] = x2[r] too (the layer's
+    # residual, which it adds into in place: no gather or copy launch of its own)
     pdl_prologue(PDL)
     i = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
         _rmsnorm_row(x1 + tl.load(rows + i).to(tl.int64) * s_x1, w1, y + i * s_y, eps1, D, BD)
     else:
-        _rmsnorm_row(x2 + i * s_x2, w2, y + i * s_y + D, eps2, D, BD)
+        i_2 = tl.load(rows2 + i).to(tl.int64) if GATHER2 else i
+        _rmsnorm_row(x2 + i_2 * s_x2, w2, y + i * s_y + D, eps2, D, BD, raw + i * s_raw, RAW)
 
 
 @triton.jit

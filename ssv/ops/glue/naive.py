@@ -11,9 +11,10 @@ def rmsnorm_naive(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rmsnorm_pair_naive(x1: torch.Tensor, w1: torch.Tensor, eps1: float, rows: torch.Tensor, x2: torch.Tensor,
-                       w2: torch.Tensor, eps2: float) -> torch.Tensor:
-    """[RMSNorm(x1[rows]) * w1 | RMSNorm(x2) * w2] [N, 2D]."""
-    return torch.cat([rmsnorm_naive(x1[rows], w1, eps1), rmsnorm_naive(x2, w2, eps2)], -1)
+                       w2: torch.Tensor, eps2: float, rows2=None) -> torch.Tensor:
+    """[RMSNorm(x1[rows]) * w1 | RMSNorm(x2[rows2]) * w2] [N, 2D] (rows2 None: x2's own rows)."""
+    return torch.cat([rmsnorm_naive(x1[rows], w1, eps1), rmsnorm_naive(x2 if rows2 is None else x2[rows2], w2, eps2)],
+                     -1)
 
 
 def row_rsqrt(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -32,23 +32,33 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None, rows=None) -
 
 
 def rmsnorm_pair(x1: torch.Tensor, w1: torch.Tensor, eps1: float, rows: torch.Tensor, x2: torch.Tensor,
-                 w2: torch.Tensor, eps2: float, out: torch.Tensor) -> torch.Tensor:
-    """out [N, 2D] = [RMSNorm(x1[rows]) * w1 | RMSNorm(x2) * w2] in one launch (`rmsnorm` twice, the
-    first gathering rows [N] of x1): the EAGLE-3 layer's embedding and feature norms. x1 [V, D] and
-    x2 [N, D] with contiguous rows (x2 may be a broadcast row), w1, w2 [D]."""
+                 w2: torch.Tensor, eps2: float, out: torch.Tensor, rows2: Optional[torch.Tensor] = None,
+                 raw: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out [N, 2D] = [RMSNorm(x1[rows]) * w1 | RMSNorm(x2[rows2]) * w2] in one launch (`rmsnorm` twice,
+    gathering rows [N] of x1 and, given rows2 [N], of x2): the EAGLE-3 layer's embedding and feature
+    norms. x1 [V, D] and x2 [*, D] with contiguous rows (without rows2 x2 is [N, D], or a broadcast row),
+    w1, w2 [D]. raw [N, D]: also receives the feature rows as they are (x2[rows2], or x2), which it must
+    not overlap."""
     n, d = rows.numel(), x1.shape[-1]
-    for name, t in (("x1", x1), ("x2", x2)):
+    for name, t in (("x1", x1), ("x2", x2)) + ((("raw", raw),) if raw is not None else ()):
         if t.dim() != 2 or t.shape[1] != d or t.stride(1) != 1:
             raise ValueError(f"rmsnorm_pair: {name} must be [*, {d}] with contiguous rows, got {tuple(t.shape)}")
-    if x2.shape[0] != n or w1.shape != (d,) or w2.shape != (d,):
+    if (rows2 is None and x2.shape[0] != n) or w1.shape != (d,) or w2.shape != (d,):
         raise ValueError(f"rmsnorm_pair: x2 must be [{n}, {d}] and w1, w2 [{d}], got {tuple(x2.shape)}, "
                          f"{tuple(w1.shape)}, {tuple(w2.shape)}")
+    if rows2 is not None and rows2.shape != (n,):
+        raise ValueError(f"rmsnorm_pair: rows2 must be [{n}], got {tuple(rows2.shape)}")
+    if raw is not None and raw.shape[0] != n:
+        raise ValueError(f"rmsnorm_pair: raw must be [{n}, {d}], got {tuple(raw.shape)}")
     if out.shape != (n, 2 * d) or out.stride(1) != 1:
         raise ValueError(f"rmsnorm_pair: out must be [{n}, {2 * d}] with contiguous rows, got {tuple(out.shape)}")
     if n:
-        rmsnorm_pair_fwd_kernel[(n, 2)](x1, w1, rows.contiguous(), x2, w2, out, float(eps1), float(eps2), x1.stride(0),
-                                        x2.stride(0), out.stride(0), D=d, BD=triton.next_power_of_2(d), num_warps=4,
-                                        **pdl_args(x1.device))
+        r2 = rows if rows2 is None else rows2.contiguous()     # not read without GATHER2
+        rw = out if raw is None else raw                      # not written without RAW
+        rmsnorm_pair_fwd_kernel[(n, 2)](x1, w1, rows.contiguous(), x2, w2, out, r2, rw, float(eps1), float(eps2),
+                                        x1.stride(0), x2.stride(0), out.stride(0), rw.stride(0), D=d,
+                                        BD=triton.next_power_of_2(d), GATHER2=rows2 is not None, RAW=raw is not None,
+                                        num_warps=4, **pdl_args(x1.device))
     return out
 
 
