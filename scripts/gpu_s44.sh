@@ -14,7 +14,8 @@
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid gemm head")
 # Next (not run: the budget was spent): 5a5bcf2's cap on the verify window's prefetch, the step table at 8K
 # (`STEPS=8192 ... steps`) and `ssv bench e2e --contexts 8192 --modes 'eagle3 dense lookup' ar-nsa 'ssv strict'`
-# for 4567695 (staged as a package) beside the head; and why the 48-row GEMMs do not gain (ncu on one
+# for 4567695 (staged as a package) beside the head; 90fd755's draft level (66 -> 61 launches) in the 4K e2e
+# A/B against 4567695; and why the 48-row GEMMs do not gain (ncu on one
 # verify layer's linear launches, with and without the prefetch: scripts/ncu_stalls.py).
 # SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
 set -uo pipefail
