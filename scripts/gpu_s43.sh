@@ -16,11 +16,7 @@
 # Next (ee2353f, not yet run on a GPU): stage 0829937 as .stage/mid43 (and pk43.tar.xz anew), then b, q1..q3 and
 #   ab with WHO="mid head" MID_COMMIT=0829937.
 # SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$R:/tmp/site
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base43 ${BASE_COMMIT:-97f0ccf}" ;; mid) echo "/tmp/mid43 ${MID_COMMIT:-38a458d}" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
@@ -45,18 +41,6 @@ b)
     ;;
 q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)  # `ssv bench e2e` at 4K for each of WHO, each from an empty directory with its own package
-    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
-    bash scripts/train_draft_gpu.sh assemble || exit 1
-    for who in ${WHO:-base mid}; do
-        read -r pp c <<< "$(pkg $who)"
-        [ -d $pp/ssv ] || { echo "no $pp: send b first"; exit 2; }
-        mkdir -p /tmp/cwd-$who
-        (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
-         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
-            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
-            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
-            --modes ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup" \
-            --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
-    done
+    e2e_pkgs ${WHO:-base mid}
     ;;
 esac

@@ -1,0 +1,26 @@
+# Sourced by the session scripts that run several packages side by side on one machine (gpu_s43.sh,
+# gpu_s44.sh): the setup every call of theirs needs, and `ssv bench e2e` over packages. The caller
+# defines pkg WHO -> "package-root commit" (the working tree for any WHO it does not stage).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$R:/tmp/site
+
+e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an empty directory with its own
+    # package, after assembling the GGUF (its last part carried by this call, the others by q1..q3)
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    local who pp c
+    for who in "$@"; do
+        read -r pp c <<< "$(pkg $who)"
+        [ -d $pp/ssv ] || { echo "no $pp: send b first"; exit 2; }
+        mkdir -p /tmp/cwd-$who
+        (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
+         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --modes ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup" \
+            --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
+    done
+}
