@@ -96,6 +96,7 @@ class Transformer(nn.Module):
             (cos, sin), rows = rope_cos_sin(positions, self.inv_freq), None
         tapped, d = [], x.shape[-1]
         wide = x.new_empty(x.shape[0], len(taps) * d) if wide_taps and taps else None
+        col = {layer: j * d for j, layer in enumerate(taps)}     # a tap's first column in `wide`
         # the fused layers add their residuals into x in place: a tap is a copy
         keep = (lambda t: t.clone()) if fused_glue(x) else (lambda t: t)
         for i, layer in enumerate(self.layers):
@@ -104,7 +105,6 @@ class Transformer(nn.Module):
                 if wide is None:
                     tapped.append(keep(x))
                 else:
-                    j = list(taps).index(i)
-                    wide[:, j * d:(j + 1) * d].copy_(x)
+                    wide[:, col[i]:col[i] + d].copy_(x)
         h = x if logits_rows is None else x[logits_rows]
         return self.head(h), (tapped if wide is None else wide)

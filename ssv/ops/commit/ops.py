@@ -34,7 +34,9 @@ def kv_commit(k: torch.Tensor, v: torch.Tensor, cmp: Optional[torch.Tensor], dle
         k.stride(0), k.stride(1), k.stride(2), c.stride(0), c.stride(1), c.stride(2), c.stride(3), h,
         R=r, D=d, L_CMP=l, BL=triton.next_power_of_2(l), STRIDE=st, M=r // st + 1, NSA=nsa is not None,
         **pdl_args(k.device), num_warps=2)
-    m = tokens.numel() if hist is not None else 1
-    kv_advance_fwd_kernel[(1,)](dlen, n, hist if hist is not None else dlen, tokens if hist is not None else n, m,
-                                hist.numel() if hist is not None else 1, HIST=hist is not None,
-                                BM=triton.next_power_of_2(m), num_warps=1, **pdl_args(k.device))
+    write = hist is not None
+    if not write:
+        hist, tokens = dlen, n      # placeholders, not read without HIST
+    m = tokens.numel()
+    kv_advance_fwd_kernel[(1,)](dlen, n, hist, tokens, m, hist.numel(), HIST=write, BM=triton.next_power_of_2(m),
+                                num_warps=1, **pdl_args(k.device))
