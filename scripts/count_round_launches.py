@@ -12,7 +12,7 @@ import ssv.model.layers as L, ssv.model.llama as LL, ssv.draft.eagle3 as E  # no
 L.fused_glue = LL.fused_glue = E.fused_glue = lambda x: x.dim() == 2 and not torch.is_grad_enabled()
 import ssv.spec.device as SD  # noqa: E402
 import ssv.engine.device_round as DR  # noqa: E402
-from ssv.ops.topk.ops import rank_topk, vocab_topk  # noqa: E402
+from ssv.ops.topk.ops import rank_topk, row_argmax, vocab_topk  # noqa: E402
 from ssv.ops.tree.ops import tree_finish, tree_level  # noqa: E402
 from ssv.ops.accept.ops import accept_greedy_round  # noqa: E402
 SD._vocab_top = lambda lp, k, ids=None, clamp=False: (  # noqa: E731
@@ -29,7 +29,7 @@ def _rank_top(x, k, largest=True, by_index=False):
 
 SD._stable_top = _rank_top
 DR.accept_greedy_round = lambda tree, logits, d, n, nxt, b: accept_greedy_round(  # noqa: E731
-    tree.parents, tree.tokens, tree.scores, logits.argmax(-1), d, n, nxt, b)
+    tree.parents, tree.tokens, tree.scores, row_argmax(logits), d, n, nxt, b)
 from conftest import make_tiny_model  # noqa: E402
 from draft.helpers import tiny_head  # noqa: E402
 from ssv.draft import Eagle3Drafter  # noqa: E402

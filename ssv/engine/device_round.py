@@ -109,16 +109,22 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         pos = cache.dlen.long()
         plan.plan(cache.dlen, pos, self._chain1)
         logits, taps = model(self.tok, pos, plan, cache, taps=self._taps if keep_taps else (), wide_taps=True)
-        if params is None or params.greedy:
-            nxt = logits[-1].argmax().reshape(1)
+        greedy = params is None or params.greedy
+        written = greedy and logits.is_cuda
+        if written:
+            from ssv.ops.topk.ops import row_argmax   # lazily, as the accept's kernels
+            # its launches write the record's token and the next input themselves: no copy launches
+            nxt = row_argmax(logits[-1:], out=self.out[1:2], out2=self.tok)
         else:
-            nxt = sample_device(probs_unchecked(logits[-1:], params)[0], self.coin)
+            nxt = (logits[-1].argmax().reshape(1) if greedy
+                   else sample_device(probs_unchecked(logits[-1:], params)[0], self.coin))
         cache.commit_device(self._root, self._one, kernel=self.kernels, hist=self.hist, tokens=nxt)
         if keep_taps:
             self.ring.write(taps, nxt)
         self.out[:1].fill_(1)
-        self.out[1:2] = nxt
-        self.tok.copy_(nxt)
+        if not written:
+            self.out[1:2] = nxt
+            self.tok.copy_(nxt)
 
     # a speculative round is three graphs, as vLLM / SGLang capture draft and verify apart: their
     # hand-over tensors (`_io[key]`) are static, so each replay reads what the previous one wrote

@@ -12,11 +12,20 @@ from ssv.spec.accept import probs_unchecked
 from ssv.spec.device import DeviceTree, sibling_rank
 
 
+def target_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[T, V] -> [T] int64, torch.argmax's (lowest id on ties); on CUDA in two launches over the whole
+    GPU (`ssv.ops.topk.row_argmax`) instead of torch's one block a row."""
+    if logits.is_cuda and logits.stride(-1) == 1:
+        from ssv.ops.topk.ops import row_argmax   # lazily, as the walks
+        return row_argmax(logits)
+    return logits.argmax(-1)
+
+
 def accept_greedy_device(tree: DeviceTree, logits: torch.Tensor, max_depth: int):
     """`accept_greedy` on the device. Returns (path [max_depth + 1] node ids, -1 padded; its length
     [1] int64, root included; bonus [1] int64): the target's argmax (lowest id on ties) followed
     through the tree, the first matching child in sibling order."""
-    best = logits.argmax(-1)                                                  # [T]
+    best = target_argmax(logits)                                              # [T]
     if logits.is_cuda:
         from ssv.ops.accept.ops import MAX_T, accept_greedy_walk   # lazily, as the top-k
         if tree.n <= MAX_T:
@@ -29,7 +38,7 @@ def accept_greedy_round(tree: DeviceTree, logits: torch.Tensor, max_depth: int, 
     """`accept_greedy_device` and the round's record (`ssv.ops.accept.naive.round_record_naive`),
     written into the caller's length [1], nxt [max_depth + 1] and bonus [1]; on CUDA one launch after
     the argmax. Returns (path, rows) [max_depth + 1] each."""
-    best = logits.argmax(-1)                                                  # [T]
+    best = target_argmax(logits)                                              # [T]
     if logits.is_cuda:
         from ssv.ops.accept.ops import MAX_T, accept_greedy_round as walk   # lazily, as the top-k
         if tree.n <= MAX_T:

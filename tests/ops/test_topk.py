@@ -108,3 +108,47 @@ def test_rank_topk_refuses_bad_shapes():
         rank_topk(torch.zeros(2, 2000, device=DEV), 4)
     with pytest.raises(ValueError, match="rank_topk"):
         rank_topk(torch.zeros(5, device=DEV), 1)
+
+
+@pytest.mark.parametrize("r,v", [(1, 49152), (1, 1000), (3, 4097), (48, 49152), (5, 17), (6, 8193)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_argmax_matches_torch(r, v, dtype):
+    """row_argmax against torch.argmax on fresh random rows with ties across and within chunks (values on
+    a coarse grid, the row's max planted again later), -inf entries, a row of -inf only, NaN in one row
+    (the first NaN wins, even over +inf), odd widths (a partial last chunk), both chunk sizes; the
+    outputs poisoned first (every row overwritten), out2 a copy, out a view of a larger buffer."""
+    from ssv.ops.topk.naive import row_argmax_naive
+    from ssv.ops.topk.ops import row_argmax
+    g = torch.Generator().manual_seed(r * 7 + v)
+    x = torch.round(torch.randn(r, v, generator=g) * 2) / 2
+    x[:, torch.randperm(v, generator=g)[: v // 4]] = float("-inf")
+    if v > 8:   # the max again at a later column, in another chunk when the row is wide
+        x[0, v - 3] = x[0].max()
+    if r >= 3:
+        x[1] = float("-inf")
+        x[2, v // 2] = float("inf")
+        x[2, v - 1] = float("nan")
+        x[2, v - 2] = float("nan")
+    x = x.to(dtype).to(DEV)
+    buf = torch.full((r + 2,), -7, dtype=torch.long, device=DEV)
+    out2 = torch.full((r,), -7, dtype=torch.long, device=DEV)
+    got = row_argmax(x, out=buf[1:r + 1], out2=out2)
+    want = row_argmax_naive(x.cpu().float()).to(DEV)
+    assert torch.equal(got, want) and torch.equal(out2, want)
+    assert buf[0].item() == -7 and buf[-1].item() == -7            # nothing written around the view
+    assert torch.equal(row_argmax(x), want)
+    if r >= 3:
+        assert want[1].item() == 0 and want[2].item() == v - 2
+
+
+def test_row_argmax_refuses_bad_shapes():
+    from ssv.ops.topk.ops import row_argmax
+    x = torch.randn(4, 100, device=DEV)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        row_argmax(x.t())
+    with pytest.raises(ValueError, match="V > 0"):
+        row_argmax(torch.empty(3, 0, device=DEV))
+    with pytest.raises(ValueError, match="out must be"):
+        row_argmax(x, out=torch.empty(4, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="out2 must be"):
+        row_argmax(x, out2=torch.empty(8, dtype=torch.long, device=DEV)[::2])

@@ -68,3 +68,45 @@ def rank_topk_fwd_kernel(x, vals, ids, s_x, s_o, N, K: tl.constexpr, BN: tl.cons
         b_at = b_rank
     tl.store(vals + i_r * s_o + b_at, b_xi, mask=b_keep)
     tl.store(ids + i_r * s_o + b_at, o_i.to(tl.int64), mask=b_keep)
+
+
+@triton.jit
+def _best(b_x, o_c, m_c, BIG: tl.constexpr):
+    # (value, lowest index at it) of candidates b_x [B] at indices o_c where m_c, torch.argmax's order:
+    # a NaN beats every number (the first NaN wins), else the max, ties to the lower index
+    b_nan = (b_x != b_x) & m_c
+    i_nan = tl.min(tl.where(b_nan, o_c, BIG), 0)
+    b_m = tl.max(tl.where(m_c & ~b_nan, b_x, float("-inf")), 0)
+    i_m = tl.min(tl.where(m_c & (b_x == b_m), o_c, BIG), 0)
+    return tl.where(i_nan < BIG, float("nan"), b_m), tl.where(i_nan < BIG, i_nan, i_m)
+
+
+@triton.jit
+def argmax_part_fwd_kernel(x, p_v, p_i, s_x, V, NS, BC: tl.constexpr, PDL: tl.constexpr = False):
+    # program (row, chunk): the best of BC columns, as a partial (value, index) for the merge
+    pdl_prologue(PDL)
+    i_r, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < V
+    b_x = tl.load(x + i_r * s_x + o_c, mask=m_c, other=float("-inf")).to(tl.float32)   # [BC]
+    b_m, b_i = _best(b_x, o_c, m_c, V)
+    tl.store(p_v + i_r * NS + i_c, b_m)
+    tl.store(p_i + i_r * NS + i_c, b_i)
+
+
+@triton.jit
+def argmax_merge_fwd_kernel(p_v, p_i, out, out2, NS, BS: tl.constexpr, OUT2: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    # program row: the best of its NS partials, in column order (an earlier chunk's index is lower),
+    # stored as int64 at out[row] (and out2[row])
+    pdl_prologue(PDL)
+    i_r = tl.program_id(0).to(tl.int64)
+    o_s = tl.arange(0, BS)
+    m_s = o_s < NS
+    b_v = tl.load(p_v + i_r * NS + o_s, mask=m_s, other=float("-inf"))
+    b_i = tl.load(p_i + i_r * NS + o_s, mask=m_s, other=0)
+    b_m, b_k = _best(b_v, o_s, m_s, BS)
+    b_best = tl.sum(tl.where(o_s == b_k, b_i, 0), 0).to(tl.int64)
+    tl.store(out + i_r, b_best)
+    if OUT2:
+        tl.store(out2 + i_r, b_best)

@@ -34,3 +34,8 @@ def rank_topk_naive(x: torch.Tensor, k: int, largest: bool = True, by_index: boo
         idx = idx.sort(-1).values
         vals = x.gather(-1, idx)
     return vals, idx
+
+
+def row_argmax_naive(x: torch.Tensor) -> torch.Tensor:
+    """x [R, V] -> int64 [R]: torch.argmax over each row (the lower index on ties, the first NaN first)."""
+    return x.argmax(-1)
