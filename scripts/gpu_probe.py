@@ -116,7 +116,9 @@ def check(c, fn, C, approx):
 
 def main(mode: str) -> int:
     shape = os.environ.get("PROBE_SHAPE", "llama3.1-8b")  # another SHAPES key: the same variants there
-    c = case(shape) if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
+    # PROBE_T / PROBE_N: the context and tree queries (default Llama's 64K / 64)
+    T, N = int(os.environ.get("PROBE_T", "65536")), int(os.environ.get("PROBE_N", "64"))
+    c = case(shape, T=T, N=N) if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     if mode != "cpu":
         from ssv.bench.kernels import environment

@@ -18,6 +18,13 @@ from ssv.bench.e2e import mode_table
 from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
 TEMP = float(os.environ.get("TEMP", "0"))
+# PDL=0: every kernel launched without programmatic dependent launch, so a kernel's recorded time is
+# its own (under PDL it includes its programs' wait after an early start) and the table says what
+# each kernel costs in isolation; the round itself then runs slower
+NOPDL = os.environ.get("PDL", "1") == "0"
+if NOPDL:
+    import ssv.ops.pdl
+    ssv.ops.pdl._hopper = lambda index: False
 PARAMS = SamplingParams(temperature=TEMP) if TEMP > 0 else None   # None: greedy, as the engine's default
 for patch in sys.argv[1:]:   # module.NAME=int of ssv.ops.nsa: a launch policy variant, named in the file
     import importlib
@@ -39,7 +46,7 @@ for att in ("nsa", "dense"):
     fill_cache(r, CTX, torch.Generator(device="cuda").manual_seed(0))
     engines[att] = (r, DeviceEngine(r, d))
     engines[att][1].start(7)
-res = {"env": environment(), "context": CTX, "capacity": CAP, "temperature": TEMP, "rounds": {}, "round_ms": {},
+res = {"env": environment(), "pdl": not NOPDL, "context": CTX, "capacity": CAP, "temperature": TEMP, "rounds": {}, "round_ms": {},
        "patches": sys.argv[1:]}
 for mode in MODES:
     att, opts = table[mode]
@@ -74,7 +81,8 @@ for mode in MODES:
     for x in rows[:22]:
         print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
     r.cache.dlen.fill_(CTX); r.cache.length = CTX
-tag = "".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:]) + (f"-t{TEMP:g}" if TEMP > 0 else "")
+tag = ("".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:]) + (f"-t{TEMP:g}" if TEMP > 0 else "")
+       + ("-nopdl" if NOPDL else ""))
 out = os.path.join(os.environ.get("OUT", "bench/results"), f"round-kernels-{res['env']['commit']}{tag}.json")
 with open(out, "w") as f:
     json.dump(res, f, indent=1)

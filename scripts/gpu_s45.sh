@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 45's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three
+# packages side by side on one machine -- base = 4567695 (session 44's measured head), mid = 0f1839d
+# (session 44's unmeasured commits: 90fd755's draft level in 5 launches fewer, 5a5bcf2's cap on the verify
+# window's prefetch, cfc82f8, the review), head = the working tree (the greedy argmax in Triton). Here, once:
+#   git archive 4567695 ssv | tar -x -C .stage/base45 --exclude=ssv/data   (likewise 0f1839d -> .stage/mid45)
+#   tar -C .stage -cJf .stage/pk45.tar.xz base45 mid45
+#   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
+#   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/pk45.tar.xz"]  the CUDA tests of the changed code
+#       at head; the step table (random weights, 4K) base / mid / head; head's round kernels without PDL
+#       (each kernel's own time); the verify launch's variants at the default model's 4K / 48
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid head")
+#   c8: (no carry beyond ab's) the same at 8K for base and head, three modes; the step table at 8K
+# SSV_COMMIT names head's commit (no git there).
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
+pkg() {  # $1 who -> "package-root commit"
+    case $1 in base) echo "/tmp/base45 4567695" ;; mid) echo "/tmp/mid45 0f1839d" ;;
+    *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+}
+steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory
+    read -r pp c <<< "$(pkg $1)"
+    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
+        python3 -m ssv bench e2e --no-default --steps ${STEPS:-4096} --steps-shape ${STEPS_SHAPE:-smollm2-135m} \
+        --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+}
+case "${1:?call}" in
+b)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    rm -rf /tmp/base45 /tmp/mid45 && tar -C /tmp -xJf .stage/pk45.tar.xz
+    for w in base45 mid45; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
+        tests/ops/test_accept_walk.py tests/engine/test_device_round.py tests/ops/test_draft_fused.py} \
+        2>&1 | tail -4 | tee "$OUTD/tests-head.log"
+    for who in base mid head; do steps $who steps-$who; done
+    mkdir -p "$OUTD/profile-nopdl"
+    OUT="$OUTD/profile-nopdl" PDL=0 MODES="ar-nsa,sd-naive,ssv strict" timeout 120 python3 scripts/profile_round.py \
+        2>&1 | grep -v -i warn | tail -40
+    PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 120 python3 scripts/gpu_probe.py time \
+        "naive defaults,exact4 lazy defaults,exact4 lazy,exact4 lazy split3,exact4 lazy fold,exact4 lazy fold split4,exact2,exact8 lazy,approx16 lazy" \
+        2>&1 | grep -v -i warn | tee "$OUTD/probe-verify-4k48.txt"
+    ;;
+q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)  # `ssv bench e2e` at 4K for each of WHO, each from an empty directory with its own package
+    e2e_pkgs ${WHO:-base mid head}
+    ;;
+c8)  # 8K: the e2e of base and head (the GGUF assembled by ab), then their step tables
+    for who in ${WHO8:-base head}; do
+        read -r pp c <<< "$(pkg $who)"
+        mkdir -p /tmp/cwd8-$who
+        (cd /tmp/cwd8-$who && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 200 \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            --contexts 8192 --families code prose chat --docs 1 --new-tokens 128 \
+            --modes ar-nsa "ssv strict" "eagle3 dense lookup" --out "$OUTD/e2e8k-$who" 2>&1 | grep -v -i warn | tail -14)
+    done
+    for who in base head; do STEPS=8192 steps $who steps8k-$who; done
+    ;;
+esac
