@@ -21,12 +21,16 @@ def report(name, cc, use):
           f"waits {ptx.count('griddepcontrol.wait')} before_wait {wait >= 0 and 0 <= first and last < wait}")
 
 
-LIN = dict(x="*bf16", w="*bf16", y="*bf16", M="i32", N="i32", s_xm="i32", s_wn="i32", s_ym="i32", eps="fp32")
-for label, k, glu, acc, norm in (("o", 576, False, True, False), ("gate_up", 576, True, False, True),
-                                 ("down", 1536, False, True, False), ("qkv", 576, False, False, True)):
+LIN = dict(x="*bf16", w="*bf16", y="*bf16", y2="*bf16", M="i32", N="i32", s_xm="i32", s_wn="i32", s_ym="i32",
+           s_y2m="i32", eps="fp32")
+for label, k, glu, acc, norm, out2 in (("o", 576, False, True, False, False),
+                                       ("gate_up", 576, True, False, True, False),
+                                       ("down", 1536, False, True, False, False),
+                                       ("qkv", 576, False, False, True, False),
+                                       ("down tap", 1536, False, True, False, True)):
     for pdl in (False, True):
         cc, use = compile_sm90(linear_fwd_kernel, LIN, dict(K=k, BM=16, BN=32, BK=256, NORM=norm, GLU=glu, ACC=acc,
-                                                            PDL=pdl), 4, 3)
+                                                            OUT2=out2, PDL=pdl), 4, 3)
         report(f"linear {label} pdl={pdl}", cc, use)
 ROPE = dict(x="*bf16", w="*bf16", cos="*fp32", sin="*fp32", slots="*i64", pos="*i64", q_out="*bf16", kc="*bf16",
             vc="*bf16", M="i32", s_xm="i32", s_wn="i32", s_c="i32", s_qn="i32", s_qh="i32", s_kh="i32", s_kt="i32",

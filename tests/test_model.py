@@ -472,17 +472,23 @@ def test_building_on_the_meta_device_does_not_import_dynamo():
     assert out.strip() == "False"
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "linear"])
 def test_wide_taps_are_the_tapped_layers_side_by_side(fused, monkeypatch):
     """Transformer.forward(wide_taps=True): column block j is layer taps[j]'s output (taps in any order,
     as the drafter's input takes them), the same values as the list of taps, on the eager layers and
-    on the fused ones (whose residual adds in place: each block must be copied before the next layer)."""
+    on the fused ones (whose residual adds in place: each block must be copied before the next layer);
+    "linear": the residual GEMMs on ssv/ops/linear's kernel, where the down projection's launch writes
+    the block itself (`linear(out2=)`)."""
     import ssv.model.layers as L
     import ssv.model.llama as LL
+    from ssv.ops.linear.policy import LinearLaunch
     from tests.conftest import make_tiny_model
     if fused:   # the CUDA step's glue kernels (the interpreter here)
         for m in (L, LL):
             monkeypatch.setattr(m, "fused_glue", lambda x: x.dim() == 2 and not torch.is_grad_enabled())
+    if fused == "linear":
+        monkeypatch.setattr(L, "tuned_linear", lambda x, w, glu=False, norm=False, acc=False, rope=False: (
+            LinearLaunch(16, 16, 32, 4, 2) if acc else None))
     model = make_tiny_model(3, vocab=64, n_layers=4)
     d = model.cfg.hidden_size
     outs = []

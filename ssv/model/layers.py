@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -81,18 +82,22 @@ def linear(x, w, **kw):
     return _linear(x, w, **kw)
 
 
-def add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x += a @ w.T in place (a residual), rounded once."""
+def add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, tap: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x += a @ w.T in place (a residual), rounded once; tap: a place that receives a copy of the result
+    (by the GEMM's own launch where ssv/ops/linear's table takes it)."""
     lp = tuned_linear(a, w, acc=True)
     if lp is not None:
-        return linear(a, w, out=x, accumulate=True, launch=lp)
-    return x.addmm_(a, w.t())
+        return linear(a, w, out=x, accumulate=True, launch=lp, out2=tap)
+    x.addmm_(a, w.t())
+    if tap is not None:
+        tap.copy_(x)
+    return x
 
 
-def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm") -> torch.Tensor:
+def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm", tap: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x += mlp(norm(x)) in place, as the fused step runs it: the norm folded into gate|up, whose
     GEMM ends in SwiGLU where ssv/ops/linear's table takes it (else cuBLAS and a SwiGLU launch that
-    applies the norm's row scale), and down_proj adding into x."""
+    applies the norm's row scale), and down_proj adding into x (and its copy into tap, `add_linear`)."""
     from ssv.ops.glue.ops import swiglu
     w_gu = _cat_cached(mlp, "_wgu_n", [mlp.gate_proj.weight, mlp.up_proj.weight], norm.weight)
     lp = tuned_linear(x, w_gu, glu=True, norm=True)
@@ -100,7 +105,7 @@ def add_mlp(x: torch.Tensor, mlp: "MLP", norm: "RMSNorm") -> torch.Tensor:
         h = linear(x, w_gu, norm_eps=norm.eps, glu=True, launch=lp)
     else:
         h = swiglu(F.linear(x, w_gu), norm=(x, norm.eps))
-    return add_linear(x, h, mlp.down_proj.weight)
+    return add_linear(x, h, mlp.down_proj.weight, tap)
 
 
 def dense(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
@@ -216,20 +221,23 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, plan, cache, pos=None):
+    def forward(self, x, cos, sin, plan, cache, pos=None, tap: Optional[torch.Tensor] = None):
         """pos: cos / sin are tables by position and pos [N] the rows' positions (read by the fused
-        RoPE kernel; gathered here for the eager layer)."""
+        RoPE kernel; gathered here for the eager layer). tap [N, H]: receives a copy of the output."""
         if fused_glue(x) and self.self_attn.g_proj is None:
-            return self._forward_fused(x, cos, sin, plan, cache, pos)
+            return self._forward_fused(x, cos, sin, plan, cache, pos, tap)
         if pos is not None:
             cos, sin = cos[pos], sin[pos]
-        return self._forward_eager(x, cos, sin, plan, cache)
+        x = self._forward_eager(x, cos, sin, plan, cache)
+        if tap is not None:
+            tap.copy_(x)
+        return x
 
     def _forward_eager(self, x, cos, sin, plan, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def _forward_fused(self, x, cos, sin, plan, cache, pos=None):
+    def _forward_fused(self, x, cos, sin, plan, cache, pos=None, tap=None):
         # 5-6 launches besides attention's: four GEMMs (two add the residual in place; the gate|up
         # one ends in SwiGLU where ssv/ops/linear's table takes it, else cuBLAS and a SwiGLU
         # launch), one RoPE + cache write. The norms are folded: RMSNorm(x) @ W.T is
@@ -246,4 +254,4 @@ class Block(nn.Module):
         else:
             o = a.attend_fused(x, cos, sin, plan, cache, norm=n1, pos=pos)
         add_linear(x, o, a.o_proj.weight)
-        return add_mlp(x, m, n2)
+        return add_mlp(x, m, n2, tap)

@@ -100,11 +100,10 @@ class Transformer(nn.Module):
         # the fused layers add their residuals into x in place: a tap is a copy
         keep = (lambda t: t.clone()) if fused_glue(x) else (lambda t: t)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, plan, cache, rows)
-            if i in taps:
-                if wide is None:
-                    tapped.append(keep(x))
-                else:
-                    wide[:, col[i]:col[i] + d].copy_(x)
+            # a wide tap is written by the layer's last launch (its down projection's GEMM)
+            tap = wide[:, col[i]:col[i] + d] if wide is not None and i in col else None
+            x = layer(x, cos, sin, plan, cache, rows, tap=tap)
+            if i in taps and wide is None:
+                tapped.append(keep(x))
         h = x if logits_rows is None else x[logits_rows]
         return self.head(h), (tapped if wide is None else wide)

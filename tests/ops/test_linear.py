@@ -63,6 +63,26 @@ def test_linear_matches_naive(form, m, n, k, glu, norm, acc):
     torch.testing.assert_close(got, want, **_tol(k))
 
 
+@pytest.mark.parametrize("form", ["policy", "16x16x32"])
+@pytest.mark.parametrize("m,n,k", [(1, 24, 40), (17, 33, 130)])
+@pytest.mark.parametrize("acc", [False, True])
+def test_linear_out2_receives_the_same_values(form, m, n, k, acc):
+    """out2: the result's copy from the same launch, into a window of a NaN-filled buffer (every element
+    of it written, nothing beside it), bitwise equal to out; out unchanged by giving it."""
+    x, w, res = _case(m, n, k, False, m + n + k + acc)
+    want = linear(x, w, out=res.clone() if acc else None, accumulate=acc, launch=FORMS[form])
+    buf, tap = _nan_view(torch.full_like(res, float("nan")), rows=1, cols=3)
+    got = linear(x, w, out=res.clone() if acc else None, accumulate=acc, launch=FORMS[form], out2=tap)
+    assert torch.equal(got, want) and torch.equal(tap, want)
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[1:1 + m, 2:2 + n] = False
+    assert buf[outside].isnan().all()
+    with pytest.raises(ValueError, match="out2"):
+        linear(x, w, out2=torch.zeros(m, n + 1, device=DEV, dtype=DT))
+    with pytest.raises(ValueError, match="out2"):
+        linear(x, w, out2=torch.zeros(m, n, device=DEV, dtype=torch.float64))
+
+
 def test_linear_norm_scales_by_the_rows_own_rms():
     """norm_eps: RMSNorm(x) @ W.T with the norm's weight folded into W (`fold_norm`)."""
     from ssv.ops.glue.naive import fold_norm, rmsnorm_naive

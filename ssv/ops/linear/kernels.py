@@ -40,9 +40,9 @@ def _dot_pair(p_x, p_a, p_b, m_m, m_n, K: tl.constexpr, BK: tl.constexpr, BM: tl
 
 
 @triton.jit
-def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, ACC: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def linear_fwd_kernel(x, w, y, y2, M, N, s_xm, s_wn, s_ym, s_y2m, eps, K: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, ACC: tl.constexpr,
+                      OUT2: tl.constexpr = False, PDL: tl.constexpr = False):
     # program (column tile, row tile): y[BM, BN] = x[BM, :] @ w[BN, :].T over K in BK chunks on the
     # tensor cores, rows padded to 16 (one decode row wastes MMA rows, not bytes: the weights'
     # tiles are what streams, pipelined through shared memory). Under PDL the weights' tile is
@@ -69,7 +69,10 @@ def linear_fwd_kernel(x, w, y, M, N, s_xm, s_wn, s_ym, eps, K: tl.constexpr, BM:
     m_y = m_m[:, None] & m_n[None, :]
     if ACC:    # the residual, added in fp32 and rounded once (as addmm_)
         b_g += tl.load(p_y, mask=m_y, other=0.0).to(tl.float32)
-    tl.store(p_y, b_g.to(y.dtype.element_ty), mask=m_y)
+    b_y = b_g.to(y.dtype.element_ty)
+    tl.store(p_y, b_y, mask=m_y)
+    if OUT2:   # the same values to a second place (a layer's output tapped for the drafter)
+        tl.store(y2 + o_m.to(tl.int64)[:, None] * s_y2m + o_n[None, :], b_y, mask=m_y)
 
 
 @triton.jit

@@ -34,13 +34,14 @@ def _launch_args(lp: LinearLaunch, pdl: Optional[bool], device, op: str, half: O
 
 def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, accumulate: bool = False,
            norm_eps: Optional[float] = None, glu: bool = False, launch: Optional[LinearLaunch] = None,
-           pdl: Optional[bool] = None) -> torch.Tensor:
+           pdl: Optional[bool] = None, out2: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] @ w.T in one launch, w [N, K] ([2N, K] gate | up for glu); the math is `linear_naive`'s:
     norm_eps scales each row by x's own 1 / rms (an RMSNorm folded into w), glu gives silu(g) * u
     [M, N], accumulate adds into out (a residual, in place). out [M, N] may be a view with
     contiguous rows; without it a new tensor in x's dtype. pdl: programmatic dependent launch (CUDA,
     Hopper or newer; None: as every kernel of the step, `ssv.ops.pdl.pdl(x.device)`; False: a plain
-    launch, which `ssv bench linear --pdl` times against)."""
+    launch, which `ssv bench linear --pdl` times against). out2 [M, N] (a view with contiguous rows,
+    out's dtype) receives a copy of the result from the same launch (a layer's output tapped)."""
     _check_rows(x, w, "linear")
     m, k = x.shape
     n = w.shape[0]
@@ -54,12 +55,17 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"linear: out must be [{m}, {n}] with contiguous rows, got {tuple(out.shape)}")
+    if out2 is not None and (out2.shape != (m, n) or out2.stride(1) != 1 or out2.dtype != out.dtype):
+        raise ValueError(f"linear: out2 must be [{m}, {n}] {out.dtype} with contiguous rows, got "
+                         f"{tuple(out2.shape)} {out2.dtype}")
     lp = default_launch(m, k) if launch is None else launch
     pdl = _launch_args(lp, pdl, x.device, "linear")
     if m and n:
+        y2 = out if out2 is None else out2
         linear_fwd_kernel[(triton.cdiv(n, lp.bn), triton.cdiv(m, lp.bm))](
-            x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0), 0.0 if norm_eps is None else float(norm_eps),
-            K=k, BM=lp.bm, BN=lp.bn, BK=lp.bk, NORM=norm_eps is not None, GLU=glu, ACC=accumulate, PDL=pdl,
+            x, w, out, y2, m, n, x.stride(0), w.stride(0), out.stride(0), y2.stride(0),
+            0.0 if norm_eps is None else float(norm_eps), K=k, BM=lp.bm, BN=lp.bn, BK=lp.bk,
+            NORM=norm_eps is not None, GLU=glu, ACC=accumulate, OUT2=out2 is not None, PDL=pdl,
             num_warps=lp.warps, num_stages=lp.stages, **({"launch_pdl": True} if pdl else {}))
     return out
 
