@@ -24,11 +24,13 @@ class _DevicePlanBase:
     def plan(self, plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> "_DevicePlanBase":
         """plen [1] int32 committed length; positions [N] (P + depth); tree_mask [N, N] bool."""
         self.plen, self.positions, self.tree_mask = plen, positions, tree_mask
-        n, ar = positions.numel(), getattr(self, "_ar", None)
-        if ar is None or ar.numel() != n or ar.device != positions.device:
-            self._ar = ar = torch.arange(n, device=positions.device)   # made once: a launch less a step
-        self._slots = plen.long() + ar
+        self._slots = None
         self._plan()
+        if self._slots is None:   # a plan whose launch does not write them
+            n, ar = positions.numel(), getattr(self, "_ar", None)
+            if ar is None or ar.numel() != n or ar.device != positions.device:
+                self._ar = ar = torch.arange(n, device=positions.device)   # made once: a launch less a step
+            self._slots = plen.long() + ar
         return self
 
     def _plan(self) -> None:
@@ -83,6 +85,7 @@ class KernelNSAPlan(_DevicePlanBase):
             self._meta = PlanBuffers(n, self.cfg, self.positions.device)
         m = nsa_plan(self.plen, self.positions, self.tree_mask, self.cfg, self._meta)
         self.w, self.s0, self.n_path, self.nbpre, self.tmask = m.w, m.s0, m.n_path, m.nbpre, m.tmask
+        self._slots = m.slots   # the cache rows P + i, from the same launch (no cast and add launches)
         self._indices = None
 
     def run(self, layer, q, cache, gates=None):

@@ -106,7 +106,8 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
     def _ar_body(self, params=None, keep_taps: bool = False) -> None:
         cache, model = self.runner.cache, self.runner.model
         plan = self._plan(("ar",), 1)
-        pos = cache.dlen.long()
+        # the kernels read int32 positions: the length itself (no cast launch a step)
+        pos = cache.dlen if self.kernels else cache.dlen.long()
         plan.plan(cache.dlen, pos, self._chain1)
         logits, taps = model(self.tok, pos, plan, cache, taps=self._taps if keep_taps else (), wide_taps=True)
         greedy = params is None or params.greedy

@@ -20,6 +20,7 @@ def _poison(buf: PlanBuffers, gen) -> None:
     for t in (buf.s0, buf.nbpre, buf.n_path):
         t.copy_(torch.randint(-99, 99, t.shape, generator=gen).to(t))
     buf.tmask.fill_(7)
+    buf.slots.fill_(-5)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -42,6 +43,7 @@ def test_plan_kernel_equals_torch_twin(case):
         nb = (P - l) // d + 1 if P >= l else 0
         assert int(buf.nbpre) == nb
         assert torch.equal(buf.tmask.cpu(), mask.to(torch.uint8).cpu())
+        assert torch.equal(buf.slots.cpu(), P + torch.arange(N))
 
 
 def test_plan_kernel_refuses_mismatched_buffers():
