@@ -2,7 +2,8 @@
 # Session 45's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three
 # packages side by side on one machine -- base = 4567695 (session 44's measured head), mid = 0f1839d
 # (session 44's unmeasured commits: 90fd755's draft level in 5 launches fewer, 5a5bcf2's cap on the verify
-# window's prefetch, cfc82f8, the review), head = the working tree (the greedy argmax in Triton). Here, once:
+# window's prefetch, cfc82f8, the review), head = the working tree (the greedy argmax in Triton, the wide
+# taps written by the down projections' launches, the cache rows by the plan's launch). Here, once:
 #   git archive 4567695 ssv | tar -x -C .stage/base45 --exclude=ssv/data   (likewise 0f1839d -> .stage/mid45)
 #   tar -C .stage -cJf .stage/pk45.tar.xz base45 mid45
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
@@ -31,8 +32,9 @@ b)
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     rm -rf /tmp/base45 /tmp/mid45 && tar -C /tmp -xJf .stage/pk45.tar.xz
     for w in base45 mid45; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
-    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
-        tests/ops/test_accept_walk.py tests/engine/test_device_round.py tests/ops/test_draft_fused.py} \
+    timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
+        tests/ops/test_linear.py tests/ops/test_nsa_plan.py tests/ops/test_pdl.py tests/test_model.py \
+        tests/ops/test_engine_kernels.py tests/engine/test_device_round.py tests/ops/test_accept_walk.py} \
         2>&1 | tail -4 | tee "$OUTD/tests-head.log"
     for who in base mid head; do steps $who steps-$who; done
     mkdir -p "$OUTD/profile-nopdl"
