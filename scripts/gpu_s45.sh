@@ -8,8 +8,9 @@
 #   tar -C .stage -cJf .stage/pk45.tar.xz base45 mid45
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
 #   b:  carry [".stage/draft/gguf.part0", ".whl", ".stage/pk45.tar.xz"]  the CUDA tests of the changed code
-#       at head; the step table (random weights, 4K) base / mid / head; head's round kernels without PDL
-#       (each kernel's own time); the verify launch's variants at the default model's 4K / 48
+#       at head; the step table (random weights, 4K) mid / head, and head with the verify launch's KV splits
+#       capped at 4 / 6 / 8 (scripts/patched.py); head's round kernels without PDL (each kernel's own
+#       time); the verify launch's variants at the default model's 4K / 48
 #   q1, q2, q3: carry [".stage/draft/gguf.partN"]
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid head")
@@ -20,11 +21,12 @@ pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base45 4567695" ;; mid) echo "/tmp/mid45 0f1839d" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
-steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory
+steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory;
+    # PATCH: launch-policy constants patched first (scripts/patched.py)
     read -r pp c <<< "$(pkg $1)"
     mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
-        python3 -m ssv bench e2e --no-default --steps ${STEPS:-4096} --steps-shape ${STEPS_SHAPE:-smollm2-135m} \
-        --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+        python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
+        --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }
 case "${1:?call}" in
 b)
@@ -36,7 +38,8 @@ b)
         tests/ops/test_linear.py tests/ops/test_nsa_plan.py tests/ops/test_pdl.py tests/test_model.py \
         tests/ops/test_engine_kernels.py tests/engine/test_device_round.py tests/ops/test_accept_walk.py} \
         2>&1 | tail -4 | tee "$OUTD/tests-head.log"
-    for who in base mid head; do steps $who steps-$who; done
+    for who in mid head; do steps $who steps-$who; done
+    for sp in 4 6 8; do PATCH=ssv.ops.nsa.verify_policy.MAX_SPLITS=$sp steps head steps-head-split$sp; done
     mkdir -p "$OUTD/profile-nopdl"
     OUT="$OUTD/profile-nopdl" PDL=0 MODES="ar-nsa,sd-naive,ssv strict" timeout 120 python3 scripts/profile_round.py \
         2>&1 | grep -v -i warn | tail -40
