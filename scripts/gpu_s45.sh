@@ -34,9 +34,9 @@ b)
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     rm -rf /tmp/base45 /tmp/mid45 && tar -C /tmp -xJf .stage/pk45.tar.xz
     for w in base45 mid45; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
-    timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
-        tests/ops/test_linear.py tests/ops/test_nsa_plan.py tests/ops/test_pdl.py tests/test_model.py \
-        tests/ops/test_engine_kernels.py tests/engine/test_device_round.py tests/ops/test_accept_walk.py} \
+    timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
+        tests/ops/test_nsa_plan.py tests/ops/test_engine_kernels.py tests/engine/test_device_round.py \
+        tests/ops/test_linear.py tests/test_model.py -k "argmax or plan or graph or round or out2 or wide_taps or cuda"} \
         2>&1 | tail -4 | tee "$OUTD/tests-head.log"
     for who in mid head; do steps $who steps-$who; done
     for sp in 4 6 8; do PATCH=ssv.ops.nsa.verify_policy.MAX_SPLITS=$sp steps head steps-head-split$sp; done
