@@ -483,6 +483,10 @@ def test_wide_taps_are_the_tapped_layers_side_by_side(fused, monkeypatch):
     import ssv.model.llama as LL
     from ssv.ops.linear.policy import LinearLaunch
     from tests.conftest import make_tiny_model
+    if fused and torch.cuda.is_available():
+        # forced, the kernels get this test's CPU tensors, which only the interpreter runs (a GPU machine
+        # runs them compiled); there the CUDA step's own taps are checked by test_engine_kernels' rounds
+        pytest.skip("the forced fused layers run CPU tensors: interpreter only")
     if fused:   # the CUDA step's glue kernels (the interpreter here)
         for m in (L, LL):
             monkeypatch.setattr(m, "fused_glue", lambda x: x.dim() == 2 and not torch.is_grad_enabled())
