@@ -62,4 +62,20 @@ c8)  # 8K: the e2e of base and head (the GGUF assembled by ab), then their step 
     done
     for who in base head; do STEPS=8192 steps $who steps8k-$who; done
     ;;
+t)  # the tree finish's rank launch (b9de61c): carry [".whl", ".stage/pk45b.tar.xz"] (prev = d7cf2bb): its
+    # CUDA tests, strict's graphed round (PDL on, random weights, 4K) prev / head / prev / head, head's kernels
+    # without PDL, and the finish's launch forms against the tensor ops (scripts/probe_round_ops.py)
+    rm -rf /tmp/prev45 && tar -C /tmp -xJf .stage/pk45b.tar.xz && ln -sfn "$R/ssv/data" /tmp/prev45/ssv/data
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/ops/test_tree.py 2>&1 | tail -2 | tee "$OUTD/tests-tree.log"
+    for rep in 1 2; do
+        for who in prev head; do
+            if [ $who = prev ]; then pp=/tmp/prev45 c=d7cf2bb; else pp=$R c=${SSV_COMMIT:-head}; fi
+            mkdir -p /tmp/cwd-t$who$rep "$OUTD/round-$who-$rep"
+            (cd /tmp/cwd-t$who$rep && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c OUT="$OUTD/round-$who-$rep" \
+                MODES="ssv strict" ROUNDS=40 timeout 100 python3 "$R/scripts/profile_round.py" 2>&1 | grep "== ")
+        done
+    done
+    OUT="$OUTD" PDL=0 MODES="ssv strict" timeout 100 python3 scripts/profile_round.py 2>&1 | grep -E "== |tree_"
+    timeout 100 python3 scripts/probe_round_ops.py "$OUTD/round-ops.json" --reps 20 --trials 10 2>&1 | grep -i -E "finish|wrote" | head
+    ;;
 esac
