@@ -2,8 +2,8 @@
 norms in one launch (`rmsnorm_pair_fwd_kernel`) and the vocabulary top-k over logits with the final
 norm folded (`vocab_topk_fwd_kernel`, LOGITS and NORM), at the default head's shapes (576 wide, a
 12,288-token draft vocabulary), and the drafter's ring commit (`ring_commit_fwd_kernel`, 3 x 64 keys a
-row, a 512-slot window, the default), and the tree's finish (the rank launch and the finish's program, the
-default tree), PDL on. Prints their registers / stack / shared memory; a lowering failure raises. tests/ops/test_compile_launches.py runs it."""
+row, a 512-slot window, the default), PDL on. Prints their registers / stack / shared memory; a lowering
+failure raises. tests/ops/test_compile_launches.py runs it."""
 import os
 import sys
 
@@ -31,16 +31,3 @@ _, use = compile_sm90(ring_commit_fwd_kernel, dict(k_new="*bf16", v_new="*bf16",
                                                    R="i32", s_kn="i32", s_kr="i32", s_x="i32"),
                       dict(W=512, E=192, H=576, BR=8, BE=256, BH=1024, PDL=True), warps=4)
 print("ring_commit REG %s STACK %s SHARED %s" % use)
-# the tree's finish: the pool's ranks over programs of 32 nodes, then the one program (8 warps), the default
-# tree (depth 6, top-k 8: a 329-node pool, 48 kept)
-from ssv.ops.tree.kernels import tree_finish_fwd_kernel, tree_rank_fwd_kernel  # noqa: E402
-_, use = compile_sm90(tree_rank_fwd_kernel, dict(score="*fp64", rank="*i32"), dict(M=329, BR=32, BJ=128, PDL=True),
-                      warps=4)
-print("tree_rank REG %s STACK %s SHARED %s" % use)
-_, use = compile_sm90(tree_finish_fwd_kernel, dict(tok="*i64", par="*i64", score="*fp64", dlen="*i32", rank="*i32",
-                                                   ws_new="*i64", ws_node="*i64", o_tok="*i64", o_par="*i64",
-                                                   o_score="*fp32", o_depth="*i64", o_pos="*i64", o_mask="*i1",
-                                                   ws_sp="*i64", o_sp_tok="*i64", o_sp_par="*i64",
-                                                   o_sp_score="*fp32", o_sp_depth="*i64"),
-                      dict(M=329, T=48, K=8, D=6, BITS=4, LEVEL=True, BM=512, BT=64, SP=0, BSP=16, PDL=True), warps=8)
-print("tree_finish REG %s STACK %s SHARED %s" % use)

@@ -54,12 +54,12 @@ def main():
         return flat, mask, dlen.long() + flat.depth
     want = torch_finish()
     rows.append({"op": "tree finish", "form": "tensor ops (_kept + flatten)", "us": timed(torch_finish, a.reps, a.trials)})
-    for w, br in ((4, 32), (8, 32), (16, 32), (32, 32), (8, 16)):   # the finish's warps, the rank launch's rows
-        got = tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, br=br)
+    for w, bj in ((8, 32), (16, 32), (16, 64), (32, 32)):
+        got = tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, bj=bj)
         same = all(torch.equal(x, y) for x, y in zip((got[0], got[1], got[3], got[5], got[4]),
                                                       (want[0].tokens, want[0].parents, want[0].depth, want[1], want[2])))
-        rows.append({"op": "tree finish", "form": f"tree_finish warps {w} br {br}", "same": same,
-                     "us": timed(lambda: tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, br=br), a.reps, a.trials)})
+        rows.append({"op": "tree finish", "form": f"tree_finish warps {w} bj {bj}", "same": same,
+                     "us": timed(lambda: tree_finish(*pool, dlen, T, K, D, "bfs", num_warps=w, bj=bj), a.reps, a.trials)})
     # a tree level (level 3: 8 x 8 candidates) and the level's vocabulary top-k over 8 rows of 8192
     from ssv.ops.topk.ops import vocab_topk
     from ssv.ops.tree.ops import tree_level

@@ -46,4 +46,4 @@ def test_draft_level_kernels_compile_for_sm90():
     the top-k over logits, norm folded) and the drafter's ring commit."""
     r = _compile_script("compile_draft_sm90.py", 600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert len([x for x in r.stdout.splitlines() if " REG " in x]) == 7
+    assert len([x for x in r.stdout.splitlines() if " REG " in x]) == 5

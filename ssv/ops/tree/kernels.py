@@ -56,42 +56,30 @@ def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, fro
 
 
 @triton.jit
-def tree_rank_fwd_kernel(score, rank, M: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr,
-                         PDL: tl.constexpr = False):
-    # program: the ranks of BR pool nodes among pool nodes 1.. by score (larger, or equal at a lower
-    # index; NaN first), against the pool in [BR, BJ] tiles: the finish's quadratic part spread over
-    # the GPU instead of one program's loop
+def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par, o_score, o_depth, o_pos, o_mask,
+                           ws_sp, o_sp_tok, o_sp_par, o_sp_score, o_sp_depth,
+                           M: tl.constexpr, T: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                           LEVEL: tl.constexpr, BM: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+                           SP: tl.constexpr = 0, BSP: tl.constexpr = 16, PDL: tl.constexpr = False):
+    # one program: the kept set over the pool (stage 1), then the kept tree's order, mask and
+    # positions in registers (stage 2); the two stages hand over through ws_new / ws_node, so a
+    # barrier makes stage 1's stores visible to every thread of the program
     pdl_prologue(PDL)
-    o_m = tl.program_id(0) * BR + tl.arange(0, BR)
+    o_m = tl.arange(0, BM)
     m_m = o_m < M
-    b_s = tl.load(score + o_m, mask=m_m, other=0.0)                                                # [BR] f64
+    b_s = tl.load(score + o_m, mask=m_m, other=0.0)                                                # [BM] f64
     n_i = b_s != b_s
-    b_rank = tl.zeros([BR], dtype=tl.int32)
+    b_rank = tl.zeros([BM], dtype=tl.int32)
+    # a node's rank among pool nodes 1.. by score: larger, or equal at a lower index (NaN first)
     for j0 in range(1, M, BJ):
         o_j = j0 + tl.arange(0, BJ)
         m_j = o_j < M
         b_sj = tl.load(score + o_j, mask=m_j, other=0.0)                                          # [BJ]
         n_j = b_sj != b_sj
-        b_gt = (b_sj[None, :] > b_s[:, None]) | (n_j[None, :] & (n_i == 0)[:, None])               # [BR, BJ]
+        b_gt = (b_sj[None, :] > b_s[:, None]) | (n_j[None, :] & (n_i == 0)[:, None])               # [BM, BJ]
         b_eq = (b_sj[None, :] == b_s[:, None]) | (n_j[None, :] & n_i[:, None])
         b_before = (b_gt | (b_eq & (o_j[None, :] < o_m[:, None]))) & m_j[None, :]
         b_rank += tl.sum(b_before.to(tl.int32), 1)
-    tl.store(rank + o_m, b_rank, mask=m_m)
-
-
-@triton.jit
-def tree_finish_fwd_kernel(tok, par, score, dlen, rank, ws_new, ws_node, o_tok, o_par, o_score, o_depth, o_pos,
-                           o_mask, ws_sp, o_sp_tok, o_sp_par, o_sp_score, o_sp_depth,
-                           M: tl.constexpr, T: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
-                           LEVEL: tl.constexpr, BM: tl.constexpr, BT: tl.constexpr,
-                           SP: tl.constexpr = 0, BSP: tl.constexpr = 16, PDL: tl.constexpr = False):
-    # one program: the kept set over the pool from the nodes' ranks (`tree_rank_fwd_kernel`, stage 1),
-    # then the kept tree's order, mask and positions in registers (stage 2); the two stages hand over
-    # through ws_new / ws_node, so a barrier makes stage 1's stores visible to every thread
-    pdl_prologue(PDL)
-    o_m = tl.arange(0, BM)
-    m_m = o_m < M
-    b_rank = tl.load(rank + o_m, mask=m_m, other=0)                                               # [BM]
     m_keep = m_m & ((o_m == 0) | (b_rank < T - 1))
     # kept nodes numbered in pool order (the root first); SP: the next SP by rank are spares, marked
     # -2 - (their rank among the spares) in ws_new

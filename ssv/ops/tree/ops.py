@@ -5,7 +5,7 @@ import torch
 import triton
 
 from ssv.ops.pdl import pdl_args
-from ssv.ops.tree.kernels import tree_finish_fwd_kernel, tree_level_fwd_kernel, tree_rank_fwd_kernel
+from ssv.ops.tree.kernels import tree_finish_fwd_kernel, tree_level_fwd_kernel
 
 MAX_CANDIDATES = 256   # R * K in one program's registers (a [BN, BN] comparison)
 
@@ -38,18 +38,15 @@ MAX_POOL = 1024       # pool nodes of the kept-set rank ([BM, BJ] tiles over the
 MAX_TREE = 64         # kept nodes in one program's registers (a few [BT, BT] squares)
 
 
-def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 8, br: int = 32,
-                bj: int = 128, spares: int = 0):
-    """`tree_finish_naive` in two launches, graph-safe (the length is read on the device): each pool
-    node's rank by score over programs of br nodes (`tree_rank_fwd_kernel`, the pool in [br, bj]
-    tiles), then one program (num_warps) for the kept set, order, mask and positions.
+def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_warps: int = 32, bj: int = 32,
+                spares: int = 0):
+    """`tree_finish_naive` in one launch, graph-safe (the length is read on the device).
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
-    the traversal order `order` ("bfs", "dfs" or "pos"). The one-launch form ranked the pool inside the
-    single program: 41 us on the H200 for the default tree at 32 warps (`bench/results/round-ops/`; 55
-    at 16, 64-66 at 8, 114-126 at 4), the largest kernel of the draft phase (`bench/results/gpu-s45/
-    profile-nopdl/`: 40.0 us); the rank launch spreads its M^2 comparisons over the GPU (not measured on
-    a GPU when written). spares: also the next
+    the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
+    in [BM, bj] tiles). H200, the default tree (`bench/results/round-ops/`): 41 us at 32 warps, 55 at
+    16, 64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32; at 16
+    warps bj 64 took 139 us), against 146 us for the tensor ops it replaces. spares: also the next
     `spares` pool nodes by rank (`ssv.spec.lookup.grow_spares`'s, for a context lookup to displace):
     tokens, parents (a flattened position, or T + i for spare i), scores (float32), depth [spares],
     returned after the six."""
@@ -71,14 +68,11 @@ def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_w
     mask = torch.empty(T, T, dtype=torch.bool, device=dev)
     sp = torch.empty(3, S, dtype=torch.long, device=dev)   # spares' tokens, parents, depth
     sp_score = torch.empty(S, dtype=torch.float32, device=dev)
-    rank = torch.empty(M, dtype=torch.int32, device=dev)
-    pk = pdl_args(dev)
-    tree_rank_fwd_kernel[(triton.cdiv(M, br),)](score, rank, M=M, BR=br, BJ=bj, **pk, num_warps=4)
     tree_finish_fwd_kernel[(1,)](
-        tok, par, score, dlen, rank, ws, ws[M:M + T], out[0], out[1], scores, out[2], out[3], mask,
+        tok, par, score, dlen, ws, ws[M:M + T], out[0], out[1], scores, out[2], out[3], mask,
         ws[M + T:], sp[0], sp[1], sp_score, sp[2],
         M=M, T=T, K=K, D=D, BITS=K.bit_length(), LEVEL=order != "dfs", BM=max(16, triton.next_power_of_2(M)),
-        BT=max(16, triton.next_power_of_2(T)), SP=spares, BSP=max(16, triton.next_power_of_2(S)),
-        **pk, num_warps=num_warps)
+        BJ=bj, BT=max(16, triton.next_power_of_2(T)), SP=spares, BSP=max(16, triton.next_power_of_2(S)),
+        **pdl_args(dev), num_warps=num_warps)
     main = (out[0], out[1], scores, out[2], out[3], mask)
     return main + (sp[0], sp[1], sp_score, sp[2]) if spares else main
