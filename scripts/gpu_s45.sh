@@ -15,6 +15,11 @@
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts", ".whl",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base mid head")
 #   c8: (no carry beyond ab's) the same at 8K for base and head, three modes; the step table at 8K
+#   t:  (the H100, after) the tree finish's rank launch (b9de61c, reverted: no gain)
+# Next (not run): the verify launch at the default model's 4K / 48 (13.9 us of a ~43 us strict layer, a latency
+# chain: `ncu-verify-4k48.txt`) with fewer instructions before its first K/V tile; the draft attention's window
+# and the vocabulary top-k's rows over more programs; the tree finish's stage 2; the whole CUDA test suite in one
+# go on a GPU machine (two forced-fused CPU-tensor cases failed there this session).
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
 pkg() {  # $1 who -> "package-root commit"

@@ -71,8 +71,8 @@ def rank_topk_fwd_kernel(x, vals, ids, s_x, s_o, N, K: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def _best(b_x, o_c, m_c, BIG: tl.constexpr):
-    # (value, lowest index at it) of candidates b_x [B] at indices o_c where m_c, torch.argmax's order:
+def _best(b_x, o_c, m_c, BIG):
+    # (value, lowest index at it) of candidates b_x [B] at indices o_c < BIG where m_c, torch.argmax's order:
     # a NaN beats every number (the first NaN wins), else the max, ties to the lower index
     b_nan = (b_x != b_x) & m_c
     i_nan = tl.min(tl.where(b_nan, o_c, BIG), 0)
