@@ -17,7 +17,8 @@
 #   c8: (no carry beyond ab's) the same at 8K for base and head, three modes; the step table at 8K
 #   t:  (the H100, after) the tree finish's rank launch (b9de61c, reverted: no gain)
 # Next (not run): the verify launch at the default model's 4K / 48 (13.9 us of a ~43 us strict layer, a latency
-# chain: `ncu-verify-4k48.txt`) with fewer instructions before its first K/V tile; the draft attention's window
+# chain: `ncu-verify-4k48.txt`; 1,578 of its 4,080 SASS instructions before the first K/V tile, the union each of
+# ~11 split programs rebuilds: scripts/verify_sass_regions.py) with the work list built once; the draft attention's window
 # and the vocabulary top-k's rows over more programs; the tree finish's stage 2; the whole CUDA test suite in one
 # go on a GPU machine (two forced-fused CPU-tensor cases failed there this session).
 # SSV_COMMIT names head's commit (no git there).
