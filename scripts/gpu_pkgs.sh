@@ -1,11 +1,20 @@
 # Sourced by the session scripts that run several packages side by side on one machine (gpu_s43.sh,
-# gpu_s44.sh): the setup every call of theirs needs, and `ssv bench e2e` over packages. The caller
-# defines pkg WHO -> "package-root commit" (the working tree for any WHO it does not stage).
+# gpu_s44.sh, gpu_s45.sh): the setup every call of theirs needs, staged packages unpacked, and `ssv bench
+# e2e` over packages. The caller defines pkg WHO -> "package-root commit" (the working tree for any WHO it
+# does not stage).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=$R:/tmp/site
+
+unpack_pkgs() {  # $1 a staged .tar.xz of package folders, $2.. their names: each unpacked under /tmp (what
+    # was there first removed) with the working tree's ssv/data linked in (a staged package leaves it out)
+    local tarball=$1 w; shift
+    for w in "$@"; do rm -rf /tmp/$w; done
+    tar -C /tmp -xJf "$tarball" || exit 2
+    for w in "$@"; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+}
 
 e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an empty directory with its own
     # package, after assembling the GGUF (its last part carried by this call, the others by q1..q3)

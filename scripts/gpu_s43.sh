@@ -16,7 +16,7 @@
 # Next (ee2353f, not yet run on a GPU): stage 0829937 as .stage/mid43 (and pk43.tar.xz anew), then b, q1..q3 and
 #   ab with WHO="mid head" MID_COMMIT=0829937.
 # SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base43 ${BASE_COMMIT:-97f0ccf}" ;; mid) echo "/tmp/mid43 ${MID_COMMIT:-38a458d}" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
@@ -25,8 +25,7 @@ case "${1:?call}" in
 b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
-    rm -rf /tmp/base43 /tmp/mid43 && tar -C /tmp -xJf .stage/pk43.tar.xz
-    for w in base43 mid43; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    unpack_pkgs .stage/pk43.tar.xz base43 mid43
     timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_ring_commit.py \
         tests/ops/test_topk.py tests/ops/test_glue.py tests/ops/test_draft_fused.py tests/ops/test_engine_kernels.py \
         tests/draft/test_cuda.py tests/engine/test_device_round.py} 2>&1 | tail -4 | tee "$OUTD/tests-head.log"

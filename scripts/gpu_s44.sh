@@ -18,7 +18,7 @@
 # A/B against 4567695; and why the 48-row GEMMs do not gain (ncu on one
 # verify layer's linear launches, with and without the prefetch: scripts/ncu_stalls.py).
 # SSV_COMMIT / MID_COMMIT / BASE_COMMIT name the commits (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base44 ${BASE_COMMIT:-0829937}" ;; mid) echo "/tmp/mid44 ${MID_COMMIT:-d799cdb}" ;;
     gemm) echo "/tmp/gemm44 5385b14" ;;
@@ -34,8 +34,7 @@ case "${1:?call}" in
 b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
-    rm -rf /tmp/base44 /tmp/mid44 /tmp/gemm44 && tar -C /tmp -xJf .stage/pk44.tar.xz
-    for w in base44 mid44 gemm44; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    unpack_pkgs .stage/pk44.tar.xz base44 mid44 gemm44
     timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_pdl.py \
         tests/ops/test_linear.py tests/ops/test_linear_rope.py tests/ops/test_nsa_kernels.py tests/ops/test_nsa_device_len.py \
         tests/ops/test_route_topk.py tests/engine/test_device_round.py} \

@@ -22,7 +22,7 @@
 # and the vocabulary top-k's rows over more programs; the tree finish's stage 2; the whole CUDA test suite in one
 # go on a GPU machine (two forced-fused CPU-tensor cases failed there this session).
 # SSV_COMMIT names head's commit (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e_pkgs
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base45 4567695" ;; mid) echo "/tmp/mid45 0f1839d" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
@@ -38,8 +38,7 @@ case "${1:?call}" in
 b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
-    rm -rf /tmp/base45 /tmp/mid45 && tar -C /tmp -xJf .stage/pk45.tar.xz
-    for w in base45 mid45; do ln -sfn "$R/ssv/data" /tmp/$w/ssv/data; done
+    unpack_pkgs .stage/pk45.tar.xz base45 mid45
     timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -q -p no:cacheprovider ${TESTS_B:-tests/ops/test_topk.py \
         tests/ops/test_nsa_plan.py tests/ops/test_engine_kernels.py tests/engine/test_device_round.py \
         tests/ops/test_linear.py tests/test_model.py -k "argmax or plan or graph or round or out2 or wide_taps or cuda"} \
@@ -71,7 +70,7 @@ c8)  # 8K: the e2e of base and head (the GGUF assembled by ab), then their step 
 t)  # the tree finish's rank launch (b9de61c): carry [".whl", ".stage/pk45b.tar.xz"] (prev = d7cf2bb): its
     # CUDA tests, strict's graphed round (PDL on, random weights, 4K) prev / head / prev / head, head's kernels
     # without PDL, and the finish's launch forms against the tensor ops (scripts/probe_round_ops.py)
-    rm -rf /tmp/prev45 && tar -C /tmp -xJf .stage/pk45b.tar.xz && ln -sfn "$R/ssv/data" /tmp/prev45/ssv/data
+    unpack_pkgs .stage/pk45b.tar.xz prev45
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/ops/test_tree.py 2>&1 | tail -2 | tee "$OUTD/tests-tree.log"
     for rep in 1 2; do
         for who in prev head; do

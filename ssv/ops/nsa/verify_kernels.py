@@ -121,8 +121,8 @@ def nsa_verify_fwd_kernel(
     # under PDL, while the previous kernel (the routing) runs: the window's keys and values before
     # the prefix length, which every group of this head reads, into L2, shared out over its programs.
     # At most its last 1,024 rows: the dense plan's window is the whole cache (with all of it
-    # prefetched, the dense verify pass ran 3% slower at 8K on an H100, bench/results/gpu-s44/;
-    # the cap is not measured)
+    # prefetched, the dense verify pass ran 3% slower at 8K on an H100, bench/results/gpu-s44/; with
+    # the cap, 1.140 -> 1.110 ms on an H200, bench/results/gpu-s45/e2e8k-*)
     i_part, n_part = i_g * tl.num_programs(2) + i_z, tl.num_programs(0) * tl.num_programs(2)
     l2_prefetch_tail(k + i_h * s_kh, plen, tl.minimum(W, 1024), s_kt, i_part, n_part, D, PDL)
     l2_prefetch_tail(v + i_h * s_kh, plen, tl.minimum(W, 1024), s_kt, i_part, n_part, D, PDL)
