@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,6 +17,7 @@ from ssv.config import NSAConfig  # noqa: E402
 from ssv.ops.nsa.naive import compress_mean, nsa_naive, num_cmp_blocks, select_blocks  # noqa: E402
 from ssv.ops.nsa.route import nsa_route, path_block_weights  # noqa: E402
 from ssv.ops.nsa.verify import nsa_verify  # noqa: E402
+from ssv.ops.nsa.verify_kernels import _item_range  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -446,6 +449,39 @@ def test_verify_launch_plan_sizes_its_scratch():
     assert (lp.n_split, lp.fold) == (2, True)
     lp = plan_launch(*args, fit=lambda consts, cfg, folded: 9 if folded else 12)
     assert (lp.n_split, lp.fold) == (4, False)   # folded 36 // 10 = 3 > FOLD_MAX_SPLITS: unfolded, 48 // 10
+
+
+@triton.jit
+def _ranges_kernel(out, n_it, n_tree, NSPLIT, TREE_COST: tl.constexpr):
+    i_k = tl.program_id(0)
+    lo, hi = _item_range(n_it, n_tree, i_k, NSPLIT, TREE_COST)
+    tl.store(out + 2 * i_k, lo)
+    tl.store(out + 2 * i_k + 1, hi)
+
+
+def test_verify_item_ranges_cover_the_items_once_and_lighten_split_zero():
+    """The KV splits' runs of work items (the kernel's `_item_range` against the policy's `item_ranges`):
+    every item in exactly one run, split 0 (which also takes the tree's tiles) at most its balanced
+    share, no other split more than one item above another's."""
+    from ssv.ops.nsa.verify_policy import item_ranges
+    gen = torch.Generator().manual_seed(5)
+    cases = [(0, 1, 3, 4), (5, 1, 3, 4), (33, 1, 11, 4), (72, 1, 2, 4), (7, 2, 1, 4), (40, 3, 6, 0), (3, 1, 8, 2)]
+    cases += [tuple(int(x) for x in (torch.randint(0, 90, (1,), generator=gen), torch.randint(1, 4, (1,), generator=gen),
+                                     torch.randint(1, 14, (1,), generator=gen), torch.randint(0, 7, (1,), generator=gen)))
+              for _ in range(12)]
+    for n_it, n_tree, S, cost in cases:
+        want = item_ranges(n_it, n_tree, S, cost)
+        out = torch.full((2 * S,), -7, dtype=torch.int32, device=DEV)
+        _ranges_kernel[(S,)](out, n_it, n_tree, S, TREE_COST=cost)
+        got = [tuple(r) for r in out.view(S, 2).cpu().tolist()]
+        assert got == want, (n_it, n_tree, S, cost)
+        covered = [i for lo, hi in got for i in range(lo, hi)]
+        assert covered == list(range(n_it)), (n_it, n_tree, S, cost)   # in order, each once
+        share = -(-(n_it + cost * n_tree) // S)
+        assert got[0][1] - got[0][0] <= max(share - cost * n_tree, 0)
+        sizes = [hi - lo for lo, hi in got[1:]]
+        if sizes:
+            assert max(sizes) - min(sizes) <= 1
 
 
 def test_verify_folds_only_few_splits_by_default(monkeypatch):

@@ -93,6 +93,20 @@ def _entries(blk, q0, N, i_h, s_bn, s_bh, NQ: tl.constexpr, NSEL: tl.constexpr, 
 
 
 @triton.jit
+def _item_range(n_it, n_tree, i_k, NSPLIT, TREE_COST: tl.constexpr):
+    # KV split i_k's run [lo, hi) of the n_it work items. Split 0 also takes the n_tree tiles of the
+    # new tokens, each worth TREE_COST items (two online-softmax branches through the ancestor mask
+    # against a lazy item's one accumulation), so it takes that many items fewer and the others share
+    # the rest evenly: the launch ends with its slowest split, which split 0 was when it took the tree
+    # beside an even share
+    a0 = tl.minimum(tl.maximum(tl.cdiv(n_it + TREE_COST * n_tree, NSPLIT) - TREE_COST * n_tree, 0), n_it)
+    rest, others = n_it - a0, tl.maximum(NSPLIT - 1, 1)
+    lo = tl.where(i_k == 0, 0, a0 + (i_k - 1) * rest // others)
+    hi = tl.where(i_k == 0, a0, a0 + i_k * rest // others)
+    return lo, hi
+
+
+@triton.jit
 def _empty_states(BM: tl.constexpr, D: tl.constexpr):
     # (max, sum, acc) of the two softmax branches before any key
     return (tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32), tl.zeros([BM, D], tl.float32),
@@ -114,7 +128,7 @@ def nsa_verify_fwd_kernel(
     G: tl.constexpr, C: tl.constexpr, CQ: tl.constexpr, CE: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr, BT: tl.constexpr, NWP: tl.constexpr, NTB: tl.constexpr,
     GATED: tl.constexpr, APPROX: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
-    FOLD: tl.constexpr,
+    FOLD: tl.constexpr, TREE_COST: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     i_g, i_h, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -146,7 +160,7 @@ def nsa_verify_fwd_kernel(
     b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
 
     # Work items: the group's union blocks below the window region, then the window region's
-    # block-aligned tiles up to P; KV split i_k takes every NSPLIT-th item.
+    # block-aligned tiles up to P; each KV split takes a run of them (`_item_range`).
     minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
@@ -194,6 +208,7 @@ def nsa_verify_fwd_kernel(
     o_u = tl.arange(0, NTB)
     tl.store(p_it + 2 * (CE + NWP) + o_u, _bits(b_e, o_eq, P // BS + o_u))
     tl.debug_barrier()
+    it_lo, it_hi = _item_range(n_a + n_w, tl.cdiv(N, BT), i_k, NSPLIT, TREE_COST)
     n_redo = 1
     if LAZY:
         # Softmax against a fixed reference instead of a running max: each row's score on its own
@@ -204,7 +219,7 @@ def nsa_verify_fwd_kernel(
         b_ref = tl.sum(b_q.to(tl.float32) * tl.load(kbase + p_self, mask=m_r[:, None], other=0.0).to(tl.float32), 1)
         b_lp1 = tl.zeros([BM, BS], tl.float32)
         b_lp2 = tl.zeros([BM, BS], tl.float32)
-        for it in range(i_k, n_a + n_w, NSPLIT):
+        for it in range(it_lo, it_hi):
             b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
                                            i_h, P, W, s_kt, BS, D, TMA)
             b_x = tl.exp2(b_s - b_ref[:, None])
@@ -233,7 +248,7 @@ def nsa_verify_fwd_kernel(
         b_m2 = tl.where(b_l2 > 0, b_ref, float("-inf"))
     if n_redo > 0:
         b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
-        for it in range(i_k, n_a + n_w, NSPLIT):
+        for it in range(it_lo, it_hi):
             b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
                                            i_h, P, W, s_kt, BS, D, TMA)
             if GATED:

@@ -26,6 +26,19 @@ FOLD_MAX_SPLITS = 2
 # splits 21.2 / 18.8 / 23.2 / 40.1 us at 8K, 81.4 / 80.4 / 92.5 / 125.6 at 64K, 147.3 / 149.1 /
 # 166.0 / 214.8 at 128K
 MAX_SPLITS = 32
+# the new tokens' tiles (split 0's) count as this many work items when the KV splits share the items
+# (`_item_range` in verify_kernels.py, `item_ranges` here)
+TREE_COST = 4
+
+
+def item_ranges(n_items: int, n_tree: int, n_split: int, tree_cost: int = TREE_COST) -> list:
+    """The KV splits' runs [lo, hi) of a program group's n_items work items, as the kernel's `_item_range`
+    takes them: split 0 also takes the n_tree tiles of the new tokens, worth tree_cost items each, so it
+    takes that many items fewer than an even share of items + tree, and the other splits share the rest
+    evenly (the launch lasts as long as its slowest split)."""
+    a0 = min(max(-(-(n_items + tree_cost * n_tree) // n_split) - tree_cost * n_tree, 0), n_items)
+    rest, others = n_items - a0, max(n_split - 1, 1)
+    return [(0, a0)] + [(a0 + (k - 1) * rest // others, a0 + k * rest // others) for k in range(1, n_split)]
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
@@ -101,7 +114,7 @@ def plan_launch(n: int, hq: int, hkv: int, d: int, nsel: int, slc_block: int, wi
     cfg = launch_config(bm, d, approx) if launch is None else dict(launch)
     consts = dict(G=hq // hkv, C=C, CQ=cq, CE=cq * nsp, BM=bm, D=d, BS=slc_block, NSEL=nsel, NSELP=nsp,
                   BT=slc_block if tma else pow2(min(n, 64)), NWP=nwp, NTB=ntb, GATED=bool(gated),
-                  APPROX=bool(approx), TMA=bool(tma), LAZY=bool(lazy))
+                  APPROX=bool(approx), TMA=bool(tma), LAZY=bool(lazy), TREE_COST=TREE_COST)
     groups, heads, row_splits = program_grid(n, hq, hkv, C, max_rows)
     programs = groups * heads * row_splits
     # a program's items at most: its union below the window region, the window region's tiles
