@@ -72,24 +72,41 @@ def _or(a, b):
 
 
 @triton.jit
-def _bits(b_e, o_eq, b_blocks):
-    # for each block of b_blocks [X]: bit c set when query c's entries (b_e [E], query o_eq) hold it
-    return tl.reduce(tl.where(b_e[None, :] == b_blocks[:, None], 1 << o_eq[None, :], 0), 1, _or)
+def _entry_ptrs(blk, q0, N, i_h, s_bn, s_bh, o_e, NSEL: tl.constexpr, NSELP: tl.constexpr):
+    # flat entry o_e of queries q0.. at KV head i_h: (its query within the range, its address, real)
+    o_eq = o_e // NSELP
+    o_es = o_e % NSELP
+    return o_eq, blk + (q0 + o_eq).to(tl.int64) * s_bn + i_h * s_bh + o_es, (o_es < NSEL) & (q0 + o_eq < N)
 
 
 @triton.jit
 def _entries(blk, q0, N, i_h, s_bn, s_bh, NQ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr):
     # the selections of queries q0 .. q0+NQ-1 at KV head i_h, flat [NQ * NSELP]: (query within the
-    # range, block as int32, -1 padded; mask of real entries that are not a repeat of the previous
-    # slot -- a query's own list is ascending, so a repeat is the same block again)
-    o_e = tl.arange(0, NQ * NSELP)
-    o_eq = o_e // NSELP
-    o_es = o_e % NSELP
-    m_e = (o_es < NSEL) & (q0 + o_eq < N)
-    p_e = blk + (q0 + o_eq).to(tl.int64) * s_bn + i_h * s_bh + o_es
+    # range, block as int32, -1 padded; mask of real entries)
+    o_eq, p_e, m_e = _entry_ptrs(blk, q0, N, i_h, s_bn, s_bh, tl.arange(0, NQ * NSELP), NSEL, NSELP)
     b_e = tl.load(p_e, mask=m_e, other=-1).to(tl.int32)
-    b_e1 = tl.load(p_e - 1, mask=m_e & (o_es > 0), other=-1).to(tl.int32)
-    return o_eq, b_e, (b_e >= 0) & (b_e != b_e1)
+    return o_eq, b_e, b_e >= 0
+
+
+@triton.jit
+def _holders(blk, b_e, q0, N, i_h, s_bn, s_bh, NQ: tl.constexpr, NSEL: tl.constexpr, NSELP: tl.constexpr):
+    # for each entry of b_e [NQ * NSELP] (as `_entries` loads them): which of the NQ queries hold its
+    # block (bit c: query c), and whether an earlier entry holds it. The pairs against up to 64 entries
+    # at a time, each pair's bits packed (query bit, 1 << 30 if the other entry is earlier) and
+    # OR-reduced once: one reduction where a reduction per query and a compare with the previous slot
+    # took ~1/4 of the launch's instructions before its first tile
+    CE: tl.constexpr = NQ * NSELP
+    FC: tl.constexpr = CE if CE < 64 else 64
+    o_e = tl.arange(0, CE)
+    b_acc = tl.zeros([CE], tl.int32)
+    for f0 in tl.static_range(0, CE, FC):
+        o_f = f0 + tl.arange(0, FC)
+        o_fq, p_f, m_f = _entry_ptrs(blk, q0, N, i_h, s_bn, s_bh, o_f, NSEL, NSELP)
+        b_f = tl.load(p_f, mask=m_f, other=-1).to(tl.int32)
+        b_x = (1 << o_fq)[None, :] | tl.where(o_f[None, :] < o_e[:, None], 1 << 30, 0)          # [CE, FC]
+        b_x = tl.where((b_e[:, None] == b_f[None, :]) & (b_f >= 0)[None, :], b_x, 0)
+        b_acc = b_acc | tl.reduce(b_x, 1, _or)
+    return b_acc & ((1 << NQ) - 1), (b_acc >> 30) != 0
 
 
 @triton.jit
@@ -155,7 +172,6 @@ def nsa_verify_fwd_kernel(
     b_q = tl.load(q + o_qi64[:, None] * s_qn + o_hq[:, None] * s_qh + o_d[None, :], mask=m_r[:, None], other=0.0)
     b_q = (b_q * (scale * 1.4426950408889634)).to(b_q.dtype)
     b_pos = tl.load(pos + o_qi, mask=m_r, other=0)
-    o_k = tl.arange(0, NSELP)
 
     b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
 
@@ -164,21 +180,15 @@ def nsa_verify_fwd_kernel(
     minpos = tl.min(tl.where(m_r, b_pos, 1 << 30))
     lo = tl.maximum(minpos - W + 1, 0)
     lim = lo // BS
-    # The union is built here, not on the host: the group's CQ*NSELP entries [CE], each kept if no
-    # earlier query of the group (nor its own previous slot) selected the same block, then
-    # ranked by a prefix sum; no sort and no extra launch.
+    # The union is built here, not on the host: the group's CQ*NSELP entries [CE], one kept per
+    # block (its first entry), ranked by a prefix sum; no sort and no extra launch.
     o_eq, b_e, m_e = _entries(blk, i_g * C, N, i_h, s_bn, s_bh, CQ, NSEL, NSELP)
-    m_first = m_e & (b_e < lim)
-    # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group)
-    b_bits = tl.zeros([CE], tl.int32)
-    for c in tl.static_range(0, CQ):
-        o_cq = (i_g * C + c).to(tl.int64)
-        b_lc = tl.load(blk + o_cq * s_bn + i_h * s_bh + o_k, mask=(o_k < NSEL) & (o_cq < N), other=-1)
-        b_hit = tl.sum((b_e[:, None] == b_lc.to(tl.int32)[None, :]).to(tl.int32), 1) > 0  # [CE]
-        b_bits = b_bits | tl.where(b_hit, 1 << c, 0)
-        m_first = m_first & ~(b_hit & (o_eq > c))
+    # b_bits: which of the group's queries selected each entry's block (bit c: query c of the group);
+    # b_dup: an earlier entry holds the same block. One OR-reduction over the pairs gives both
+    b_bits, b_dup = _holders(blk, b_e, i_g * C, N, i_h, s_bn, s_bh, CQ, NSEL, NSELP)
+    m_one = m_e & ~b_dup
+    m_first = m_one & (b_e < lim)
     b_rank = tl.cumsum(m_first.to(tl.int32), 0) - 1
-    b_rank = tl.where(m_first, b_rank, -1)
     n_a = tl.sum(m_first.to(tl.int32))
     n_w = tl.maximum(tl.cdiv(P - lim * BS, BS), 0)
     o_t0 = tl.arange(0, BS)
@@ -192,21 +202,25 @@ def nsa_verify_fwd_kernel(
     p_it = items + ((i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z).to(tl.int64) * (2 * (CE + NWP) + NTB)
     tl.store(p_it + 2 * b_rank, b_e, mask=m_first)
     tl.store(p_it + 2 * b_rank + 1, b_bits, mask=m_first)
-    # window-region tiles lim + w: their bits too (a tile may hold a query's selected block
-    # partly outside that query's window), 16 tiles at a time so a long window stays small
-    o_w = tl.arange(0, 16)
+    # then the window region's tiles lim + w with no bits, and no bits for the blocks the step's new
+    # tokens fall in (P // BS + u); after a barrier, the bits of those holding a selected block are
+    # written over them (a tile may hold a query's selected block partly outside that query's window)
+    for w0 in range(0, n_w, 64):
+        o_w = w0 + tl.arange(0, 64)
+        m_w = o_w < n_w
+        tl.store(p_it + 2 * (n_a + o_w), lim + o_w, mask=m_w)
+        tl.store(p_it + 2 * (n_a + o_w) + 1, tl.zeros([64], tl.int32), mask=m_w)
+    o_u = tl.arange(0, NTB)
+    p_tb = p_it + 2 * (CE + NWP)
+    tl.store(p_tb + o_u, tl.zeros([NTB], tl.int32))
+    tl.debug_barrier()
+    m_wb = m_one & (b_e >= lim) & (b_e < lim + n_w)
+    tl.store(p_it + 2 * (n_a + b_e - lim) + 1, b_bits, mask=m_wb)
+    m_tree = m_one & (b_e >= P // BS) & (b_e < P // BS + NTB)
+    tl.store(p_tb + b_e - P // BS, b_bits, mask=m_tree)
     # b_any: the queries with a selected block among the items (whose empty selected branch is no
     # underflow)
-    b_any = tl.reduce(tl.where(m_first, b_bits, 0), 0, _or)
-    for w0 in range(0, n_w, 16):
-        m_w = w0 + o_w < n_w
-        b_wb = tl.where(m_w, _bits(b_e, o_eq, lim + w0 + o_w), 0)
-        tl.store(p_it + 2 * (n_a + w0 + o_w), lim + w0 + o_w, mask=m_w)
-        tl.store(p_it + 2 * (n_a + w0 + o_w) + 1, b_wb, mask=m_w)
-        b_any = b_any | tl.reduce(b_wb, 0, _or)
-    # and the bits of the blocks the step's new tokens fall in, P // BS + u
-    o_u = tl.arange(0, NTB)
-    tl.store(p_it + 2 * (CE + NWP) + o_u, _bits(b_e, o_eq, P // BS + o_u))
+    b_any = tl.reduce(tl.where(m_first | m_wb, b_bits, 0), 0, _or)
     tl.debug_barrier()
     it_lo, it_hi = _item_range(n_a + n_w, tl.cdiv(N, BT), i_k, NSPLIT, TREE_COST)
     n_redo = 1
