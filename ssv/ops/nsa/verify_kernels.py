@@ -35,10 +35,12 @@ def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
 @triton.jit
 def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i_h, P, W, s_kt,
           BS: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
-    # work item `it`: its tile's scores [BM, BS] and values [BS, D], and which scores each row may
-    # use in the selected branch (its query selected the block) and in the window branch
+    # work item `it`: its tile's scores [BM, BS] and values [BS, D], which scores each row may use
+    # in the selected branch (its query selected the block) and in the window branch, its block and
+    # the bits of the group's queries that selected it
     j = tl.load(p_it + 2 * it)
-    member = (((tl.load(p_it + 2 * it + 1) >> o_qb) & 1) != 0)[:, None]
+    bits = tl.load(p_it + 2 * it + 1)
+    member = (((bits >> o_qb) & 1) != 0)[:, None]
     o_t = j * BS + o_t0
     m_t = o_t < P
     if TMA:
@@ -52,7 +54,7 @@ def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i
         b_v = tl.load(vbase + p_t, mask=m_t[:, None], other=0.0)
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
     in_win = o_t[None, :] > (b_pos[:, None] - W)
-    return b_s, b_v, member & m_t[None, :], in_win & m_t[None, :]
+    return b_s, b_v, member & m_t[None, :], in_win & m_t[None, :], j, bits
 
 
 @triton.jit
@@ -218,9 +220,6 @@ def nsa_verify_fwd_kernel(
     tl.store(p_it + 2 * (n_a + b_e - lim) + 1, b_bits, mask=m_wb)
     m_tree = m_one & (b_e >= P // BS) & (b_e < P // BS + NTB)
     tl.store(p_tb + b_e - P // BS, b_bits, mask=m_tree)
-    # b_any: the queries with a selected block among the items (whose empty selected branch is no
-    # underflow)
-    b_any = tl.reduce(tl.where(m_first | m_wb, b_bits, 0), 0, _or)
     tl.debug_barrier()
     it_lo, it_hi = _item_range(n_a + n_w, tl.cdiv(N, BT), i_k, NSPLIT, TREE_COST)
     n_redo = 1
@@ -233,9 +232,15 @@ def nsa_verify_fwd_kernel(
         b_ref = tl.sum(b_q.to(tl.float32) * tl.load(kbase + p_self, mask=m_r[:, None], other=0.0).to(tl.float32), 1)
         b_lp1 = tl.zeros([BM, BS], tl.float32)
         b_lp2 = tl.zeros([BM, BS], tl.float32)
+        # what this split's items hold for a row: the selecting queries' bits, the last block (the
+        # window tiles follow the union's, and every union block lies below lim)
+        b_or = tl.zeros([], tl.int32)
+        j_top = tl.zeros([], tl.int32) - 1
         for it in range(it_lo, it_hi):
-            b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
-                                           i_h, P, W, s_kt, BS, D, TMA)
+            b_s, b_v, m_sel, m_win, j, bits = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc,
+                                                    v_desc, i_h, P, W, s_kt, BS, D, TMA)
+            b_or = b_or | bits
+            j_top = tl.maximum(j_top, j)
             b_x = tl.exp2(b_s - b_ref[:, None])
             if GATED:
                 b_p1 = tl.where(m_sel, b_x, 0.0)
@@ -248,10 +253,11 @@ def nsa_verify_fwd_kernel(
             b_a1 += tl.dot(b_p1.to(b_v.dtype), b_v, input_precision="ieee")
         b_l1 = tl.sum(b_lp1, 1)
         b_l2 = tl.sum(b_lp2, 1)
-        # a sum in [2^-64, 2^100], or 0 for a branch with nothing visible among the items: a row
-        # selected none of their blocks, its window lies past them (or in the tree)
-        sel_vis = ((b_any >> o_qb) & 1) != 0
-        win_vis = (W > 0) & (b_pos - W + 1 < P) & (n_w > 0)
+        # a sum in [2^-64, 2^100], or 0 for a branch with nothing visible among this split's items: a
+        # row selected none of their blocks, and its window starts past their last token (a split
+        # may hold a few of the group's items, none of them some row's: no underflow, no redo)
+        sel_vis = ((b_or >> o_qb) & 1) != 0
+        win_vis = (W > 0) & (j_top >= lim) & (tl.minimum((j_top + 1) * BS, P) - 1 > b_pos - W)
         if GATED:
             ok = ((b_l1 >= 5.4e-20) & (b_l1 <= 1.2e30)) | ((b_l1 == 0) & ~sel_vis)
             ok = ok & (((b_l2 >= 5.4e-20) & (b_l2 <= 1.2e30)) | ((b_l2 == 0) & ~win_vis))
@@ -263,8 +269,8 @@ def nsa_verify_fwd_kernel(
     if n_redo > 0:
         b_m1, b_l1, b_a1, b_m2, b_l2, b_a2 = _empty_states(BM, D)
         for it in range(it_lo, it_hi):
-            b_s, b_v, m_sel, m_win = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc,
-                                           i_h, P, W, s_kt, BS, D, TMA)
+            b_s, b_v, m_sel, m_win, j, bits = _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc,
+                                                    v_desc, i_h, P, W, s_kt, BS, D, TMA)
             if GATED:
                 b_m1, b_l1, b_a1 = _online(b_s, m_sel, b_v, b_m1, b_l1, b_a1)
                 b_m2, b_l2, b_a2 = _online(b_s, m_win, b_v, b_m2, b_l2, b_a2)
