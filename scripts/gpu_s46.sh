@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Session 46's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three packages
+# side by side on one machine -- base = ca85724 (session 45's head), mid = d03e290 (the verify launch's KV
+# splits take runs of the work items, split 0 fewer beside the tree's tiles), head = f73590c (and
+# the group's union and query bits from one OR-reduction over the entry pairs). Here, once:
+#   git archive ca85724 ssv | tar -x -C .stage/base46 --exclude=ssv/data   (likewise d03e290 -> .stage/mid46)
+#   tar -C .stage -cJf .stage/pk46.tar.xz base46 mid46
+#   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
+#   b:  carry [".whl", ".stage/pk46.tar.xz"]  the verify tests at head; the verify
+#       launch's phases inside its programs (scripts/verify_timeline.py) mid / head; the launch's variants
+#       (scripts/gpu_probe.py) base / mid / head at the default model's 4K / 48; the step table base / mid / head
+#   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB)
+#   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base head")
+# SSV_COMMIT names head's commit (no git there).
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
+# what comes back is at most 8 files: everything a call wrote, packed into one at its end
+trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
+pkg() {  # $1 who -> "package-root commit"
+    case $1 in base) echo "/tmp/base46 ca85724" ;; mid) echo "/tmp/mid46 d03e290" ;; alt) echo "/tmp/alt46 a7158b8-strided" ;;
+    *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+}
+steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory;
+    # PATCH: launch-policy constants patched first (scripts/patched.py)
+    read -r pp c <<< "$(pkg $1)"
+    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
+        python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
+        --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+}
+case "${1:?call}" in
+b2)  # base against head (a7158b8: the lazy check per KV split) and alt (head with the items dealt round robin
+    # over the splits, as before d03e290): the verify launch's variants, the step table, the verify tests at head
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    unpack_pkgs .stage/pk46.tar.xz base46 mid46 alt46
+    for who in base head alt; do
+        read -r pp c <<< "$(pkg $who)"
+        echo "== $who"; PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
+            python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
+            | grep -v -i warn | tee "$OUTD/probe2-verify-4k48-$who.txt"
+    done
+    for who in base head alt; do steps $who steps2-$who; done
+    [ -n "${TIMELINE:-}" ] && PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 python3 \
+        scripts/verify_timeline.py "exact4 defaults,naive defaults" 2>&1 | grep -v -i warn \
+        | tee "$OUTD/timeline2-4k48-head.txt"
+    [ -n "${TESTS:-}" ] && timeout ${TESTS_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider \
+        tests/ops/test_nsa_kernels.py -k "verify and (default or lazy or edge or item)" 2>&1 | tail -4 \
+        | tee "$OUTD/tests2-verify-head.log"
+    ;;
+b)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    unpack_pkgs .stage/pk46.tar.xz base46 mid46
+    for who in base mid head; do
+        read -r pp c <<< "$(pkg $who)"
+        echo "== $who"; PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
+            python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
+            | grep -v -i warn | tee "$OUTD/probe-verify-4k48-$who.txt"
+    done
+    for who in base mid head; do steps $who steps-$who; done
+    for who in mid head; do
+        read -r pp c <<< "$(pkg $who)"
+        PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 90 python3 \
+            scripts/verify_timeline.py "exact4 defaults,naive defaults" 2>&1 | grep -v -i warn \
+            | tee "$OUTD/timeline-4k48-$who.txt"
+    done
+    for tc in 0 2 6; do  # head with split 0's tree tiles weighted otherwise (0: an even share beside them)
+        TREE_COST=$tc PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 python3 scripts/verify_timeline.py \
+            "exact4 defaults" 2>&1 | grep -v -i warn | tee "$OUTD/timeline-4k48-head-tc$tc.txt"
+    done
+    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_kernels.py -k verify 2>&1 | tail -4 \
+        | tee "$OUTD/tests-verify-head.log"
+    ;;
+q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)  # `ssv bench e2e` at 4K for each of WHO, each from an empty directory with its own package
+    e2e_pkgs ${WHO:-base head}
+    ;;
+esac
