@@ -10,12 +10,9 @@ graphed strict pass's on an H200). Not a benchmark: it counts a code path.
 """
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import os
 import subprocess
 import sys
-import tempfile
 
 
 def count(n_split: int) -> str:
@@ -23,34 +20,19 @@ def count(n_split: int) -> str:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gpu_probe as P
     import ssv.ops.nsa.verify as V
-    import ssv.ops.nsa.verify_kernels as VK
-    src = inspect.getsource(VK)
-    src = src.replace("    plen, N, W, scale, NSPLIT,\n", "    plen, N, W, scale, NSPLIT, redo,\n", 1)
+    from verify_source import WithArg, patched_module
     anchor = "        n_redo = tl.sum(tl.where(m_r & ~ok, 1, 0))\n"
-    assert src.count(anchor) == 1
-    src = src.replace(anchor, anchor + "        tl.store(redo + (i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z, n_redo)\n")
-    path = os.path.join(tempfile.mkdtemp(), "verify_kernels_redo.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("verify_kernels_redo", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    store = "        tl.store(redo + (i_g * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_z, n_redo)\n"
+    mod = patched_module("verify_kernels_redo", "redo", [(anchor, anchor + store)])
     dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") == "0" else "cpu"
     shape = os.environ.get("PROBE_SHAPE", "smollm2-135m")
     T, N = int(os.environ.get("PROBE_T", "4096")), int(os.environ.get("PROBE_N", "48"))
     c = P.case(shape, T=T, N=N, dev=dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
     redo = torch.full((1 << 14,), -1, device=dev, dtype=torch.int32)
-    grids = []
-
-    class K:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            launch = mod.nsa_verify_fwd_kernel[grid]
-            return lambda *a, **kw: launch(*(a[:23] + (redo,) + a[23:]), **kw)
-    V.nsa_verify_fwd_kernel = K()
+    V.nsa_verify_fwd_kernel = counted = WithArg(mod.nsa_verify_fwd_kernel, redo)
     V.nsa_verify(c["q"], c["k"], c["v"], c["T"], c["pos"], c["tm"], c["idx"], c["cfg"].slc_block, c["cfg"].window,
                  group_size=4, n_split=n_split, lazy=True, fold=False)
-    g = grids[-1]
+    g = counted.grids[-1]
     r = redo[: g[0] * g[1] * g[2]].cpu()
     return (f"{shape} {T} / {N}, C = 4, grid {g}: {int((r > 0).sum())} of {r.numel()} programs redo "
             f"({int(r.clamp_min(0).sum())} rows)")

@@ -10,13 +10,13 @@ mean / p90 / max over programs of its SM cycles (%clock64) and the programs' spr
 """
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import os
 import sys
-import tempfile
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from verify_source import WithArg, patched_module  # noqa: E402
 
 PHASES = [("pdl wait", 0, 1), ("work list", 1, 2), ("sel+win loop", 2, 3), ("tree part", 3, 4), ("store", 4, 5),
           ("fold merge", 5, 6)]
@@ -40,47 +40,17 @@ def _stamp(stamps, slot):
 
 
 def stamped_module():
-    import ssv.ops.nsa.verify_kernels as VK
-    src = inspect.getsource(VK)
-    src = src.replace("\n@triton.jit\ndef nsa_verify_fwd_kernel(", STAMP + "\n@triton.jit\ndef nsa_verify_fwd_kernel(", 1)
-    src = src.replace("    plen, N, W, scale, NSPLIT,\n", "    plen, N, W, scale, NSPLIT, stamps,\n", 1)
-    for anchor, slot in AFTER:
-        assert src.count(anchor) == 1, anchor
-        # the stamp goes after the anchor's first line (its own text kept whole)
+    edits = []
+    for anchor, slot in AFTER:   # the stamp after the anchor's first line (its own text kept whole)
         first, _, rest = anchor.partition("\n")
-        src = src.replace(anchor, first + f"\n    _stamp(stamps, {slot})\n" + rest, 1)
+        edits.append((anchor, first + f"\n    _stamp(stamps, {slot})\n" + rest))
     for anchor, slot in BEFORE:
-        assert src.count(anchor) == 1, anchor
         ind = anchor[:len(anchor) - len(anchor.lstrip())]
-        src = src.replace(anchor, f"{ind}_stamp(stamps, {slot})\n" + anchor, 1)
+        edits.append((anchor, f"{ind}_stamp(stamps, {slot})\n" + anchor))
     # the kernel's end: after the last _write of the non-split branch
     tail = "    else:\n        _write(b_m1, b_l1, b_a1, b_m2, b_l2, b_a2, p_l, p_o, m_r, gates, o_cmp, o, lse_a, lse_b, GATED)\n"
-    assert src.count(tail) == 1
-    src = src.replace(tail, tail + "    _stamp(stamps, 6)\n", 1)
-    path = os.path.join(tempfile.mkdtemp(), "verify_kernels_stamped.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("verify_kernels_stamped", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-class _WithStamps:
-    """The stamped kernel in the launcher's place: its launches and warmups get the stamps buffer."""
-
-    def __init__(self, kernel, stamps):
-        self.kernel, self.stamps = kernel, stamps
-
-    def _args(self, args):
-        return args[:23] + (self.stamps,) + args[23:]   # after NSPLIT
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-        return lambda *args, **kw: launch(*self._args(args), **kw)
-
-    def warmup(self, *args, **kw):
-        return self.kernel.warmup(*self._args(args), **kw)
+    edits.append((tail, tail + "    _stamp(stamps, 6)\n"))
+    return patched_module("verify_kernels_stamped", "stamps", edits, STAMP)
 
 
 def summarize(name, st, grid):
@@ -128,14 +98,7 @@ def main() -> int:
         V.nsa_verify_fwd_kernel, VP.nsa_verify_fwd_kernel = orig, orig
         ms0, _ = bench_graph(f, reps=50)
         stamps = torch.zeros(1 << 16, device="cuda", dtype=torch.int64)
-        grids = []
-        wrapped = _WithStamps(mod.nsa_verify_fwd_kernel, stamps)
-
-        class _Grab(_WithStamps):
-            def __getitem__(self, grid):
-                grids.append(grid)
-                return super().__getitem__(grid)
-        V.nsa_verify_fwd_kernel = VP.nsa_verify_fwd_kernel = _Grab(mod.nsa_verify_fwd_kernel, stamps)
+        V.nsa_verify_fwd_kernel = VP.nsa_verify_fwd_kernel = stamped = WithArg(mod.nsa_verify_fwd_kernel, stamps)
         ms1, _ = bench_graph(f, reps=50)
         stamps.zero_()
         f()
@@ -143,10 +106,10 @@ def main() -> int:
         V.nsa_verify_fwd_kernel, VP.nsa_verify_fwd_kernel = orig, orig
         f.out = out
         err = P.check(c, f, cfg[0], cfg[1])
+        grids = stamped.grids
         print(f"\n{name}: graphed {ms0 * 1e3:.1f} us, with stamps {ms1 * 1e3:.1f} us; grid {grids[-1]}; rel.err vs "
               f"per-query {err:.1e}", flush=True)
         summarize(name, stamps.cpu(), grids[-1])
-        del wrapped
     return 0
 
 
