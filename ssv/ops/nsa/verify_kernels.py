@@ -114,10 +114,10 @@ def _holders(blk, b_e, q0, N, i_h, s_bn, s_bh, NQ: tl.constexpr, NSEL: tl.conste
 @triton.jit
 def _item_range(n_it, n_tree, i_k, NSPLIT, TREE_COST: tl.constexpr):
     # KV split i_k's run [lo, hi) of the n_it work items. Split 0 also takes the n_tree tiles of the
-    # new tokens, each worth TREE_COST items (two online-softmax branches through the ancestor mask
-    # against a lazy item's one accumulation), so it takes that many items fewer and the others share
-    # the rest evenly: the launch ends with its slowest split, which split 0 was when it took the tree
-    # beside an even share
+    # new tokens, each worth TREE_COST items (the ancestor mask and an online softmax with its
+    # cross-warp reductions, against a lazy item's one accumulation), so it takes that many items
+    # fewer and the others share the rest evenly: the launch ends with its slowest split, which split
+    # 0 was when it took the tree beside an even share
     a0 = tl.minimum(tl.maximum(tl.cdiv(n_it + TREE_COST * n_tree, NSPLIT) - TREE_COST * n_tree, 0), n_it)
     rest, others = n_it - a0, tl.maximum(NSPLIT - 1, 1)
     lo = tl.where(i_k == 0, 0, a0 + (i_k - 1) * rest // others)
