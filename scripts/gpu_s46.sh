@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Session 46's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s): three packages
-# side by side on one machine -- base = ca85724 (session 45's head), mid = d03e290 (the verify launch's KV
-# splits take runs of the work items, split 0 fewer beside the tree's tiles), head = f73590c (and
-# the group's union and query bits from one OR-reduction over the entry pairs). Here, once:
-#   git archive ca85724 ssv | tar -x -C .stage/base46 --exclude=ssv/data   (likewise d03e290 -> .stage/mid46)
-#   tar -C .stage -cJf .stage/pk46.tar.xz base46 mid46
+# Session 46's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s). Packages side by
+# side on one machine -- base = ca85724 (session 45's head), mid = d03e290 (the verify launch's KV splits take
+# runs of the work items, split 0 fewer beside the tree's tiles), head = the working tree (f73590c in call b:
+# and the group's union and query bits from one OR-reduction over the entry pairs; a7158b8 and after in b2:
+# and the lazy softmax's check per KV split), alt = a7158b8 with the items dealt round robin again. Here, once:
+#   git archive ca85724 ssv | tar -x -C .stage/base46 --exclude=ssv/data   (likewise d03e290 -> .stage/mid46,
+#   a7158b8 -> .stage/alt46, then in .stage/alt46/ssv/ops/nsa/verify_kernels.py both
+#   `for it in range(it_lo, it_hi):` -> `for it in range(i_k, n_a + n_w, NSPLIT):`)
+#   tar -C .stage -cJf .stage/pk46.tar.xz base46 mid46 alt46
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
-#   b:  carry [".whl", ".stage/pk46.tar.xz"]  the verify tests at head; the verify
-#       launch's phases inside its programs (scripts/verify_timeline.py) mid / head; the launch's variants
-#       (scripts/gpu_probe.py) base / mid / head at the default model's 4K / 48; the step table base / mid / head
+#   b:  carry [".whl", ".stage/pk46.tar.xz"]  (ran, 23:50) the verify launch's variants (scripts/gpu_probe.py)
+#       base / mid / head at the default model's 4K / 48; the step table base / mid / head; the launch's phases
+#       inside its programs (scripts/verify_timeline.py) mid / head and head at TREE_COST 0 / 2 / 6; the verify
+#       tests at head (cut at 150 s)
+#   b2: carry [".whl", ".stage/pk46.tar.xz"]  (not run: no machine) base / head / alt: the launch's variants, the
+#       step table; TIMELINE=1 head's phases; TESTS=1 the verify tests at head
 #   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB)
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
-#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base head")
+#       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base head"); E2E_MODES="ar-nsa
+#       sd-naive ssv_strict" for a short call ('_' for a space in a mode's name)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
 # what comes back is at most 8 files: everything a call wrote, packed into one at its end
