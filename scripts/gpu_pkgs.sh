@@ -1,6 +1,6 @@
 # Sourced by the session scripts that run several packages side by side on one machine (gpu_s43.sh,
-# gpu_s44.sh, gpu_s45.sh): the setup every call of theirs needs, staged packages unpacked, and `ssv bench
-# e2e` over packages. The caller defines pkg WHO -> "package-root commit" (the working tree for any WHO it
+# gpu_s44.sh, gpu_s45.sh, gpu_s46.sh): the setup every call of theirs needs, staged packages unpacked, `ssv
+# bench e2e` over packages, and a package's step table. The caller defines pkg WHO -> "package-root commit" (the working tree for any WHO it
 # does not stage).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -35,4 +35,12 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
             --modes "${MODES_E2E[@]}" \
             --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
     done
+}
+
+steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory;
+    # PATCH: launch-policy constants patched first (scripts/patched.py)
+    read -r pp c <<< "$(pkg $1)"
+    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
+        python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
+        --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }

@@ -22,17 +22,10 @@
 # and the vocabulary top-k's rows over more programs; the tree finish's stage 2; the whole CUDA test suite in one
 # go on a GPU machine (two forced-fused CPU-tensor cases failed there this session).
 # SSV_COMMIT names head's commit (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base45 4567695" ;; mid) echo "/tmp/mid45 0f1839d" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
-}
-steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory;
-    # PATCH: launch-policy constants patched first (scripts/patched.py)
-    read -r pp c <<< "$(pkg $1)"
-    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
-        python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
-        --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }
 case "${1:?call}" in
 b)

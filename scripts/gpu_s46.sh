@@ -20,31 +20,28 @@
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base head"); E2E_MODES="ar-nsa
 #       sd-naive ssv_strict" for a short call ('_' for a space in a mode's name)
 # SSV_COMMIT names head's commit (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 # what comes back is at most 8 files: everything a call wrote, packed into one at its end
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base46 ca85724" ;; mid) echo "/tmp/mid46 d03e290" ;; alt) echo "/tmp/alt46 a7158b8-strided" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
-steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights), from an empty directory;
-    # PATCH: launch-policy constants patched first (scripts/patched.py)
-    read -r pp c <<< "$(pkg $1)"
-    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout 100 \
-        python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
-        --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
+probes() {  # $1 file prefix, $2.. who: the verify launch's variants at the default model's 4K / 48, each package
+    local tag=$1 who pp c; shift
+    for who in "$@"; do
+        read -r pp c <<< "$(pkg $who)"
+        echo "== $who"; PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
+            python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
+            | grep -v -i warn | tee "$OUTD/$tag-verify-4k48-$who.txt"
+    done
 }
 case "${1:?call}" in
 b2)  # base against head (a7158b8: the lazy check per KV split) and alt (head with the items dealt round robin
     # over the splits, as before d03e290): the verify launch's variants, the step table, the verify tests at head
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     unpack_pkgs .stage/pk46.tar.xz base46 mid46 alt46
-    for who in base head alt; do
-        read -r pp c <<< "$(pkg $who)"
-        echo "== $who"; PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
-            python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
-            | grep -v -i warn | tee "$OUTD/probe2-verify-4k48-$who.txt"
-    done
+    probes probe2 base head alt
     for who in base head alt; do steps $who steps2-$who; done
     [ -n "${TIMELINE:-}" ] && PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 python3 \
         scripts/verify_timeline.py "exact4 defaults,naive defaults" 2>&1 | grep -v -i warn \
@@ -56,12 +53,7 @@ b2)  # base against head (a7158b8: the lazy check per KV split) and alt (head wi
 b)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     unpack_pkgs .stage/pk46.tar.xz base46 mid46
-    for who in base mid head; do
-        read -r pp c <<< "$(pkg $who)"
-        echo "== $who"; PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
-            python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
-            | grep -v -i warn | tee "$OUTD/probe-verify-4k48-$who.txt"
-    done
+    probes probe base mid head
     for who in base mid head; do steps $who steps-$who; done
     for who in mid head; do
         read -r pp c <<< "$(pkg $who)"

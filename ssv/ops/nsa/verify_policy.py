@@ -39,6 +39,8 @@ def item_ranges(n_items: int, n_tree: int, n_split: int, tree_cost: int = TREE_C
     a0 = min(max(-(-(n_items + tree_cost * n_tree) // n_split) - tree_cost * n_tree, 0), n_items)
     rest, others = n_items - a0, max(n_split - 1, 1)
     return [(0, a0)] + [(a0 + (k - 1) * rest // others, a0 + k * rest // others) for k in range(1, n_split)]
+
+
 GROUP_SIZES = (1, 2, 4, 8, 16)
 
 
