@@ -1,7 +1,7 @@
 # Sourced by the session scripts that run several packages side by side on one machine (gpu_s43.sh,
 # gpu_s44.sh, gpu_s45.sh, gpu_s46.sh): the setup every call of theirs needs, staged packages unpacked, `ssv
-# bench e2e` over packages, and a package's step table. The caller defines pkg WHO -> "package-root commit" (the working tree for any WHO it
-# does not stage).
+# bench e2e` over packages, and a package's step table. The caller defines pkg WHO -> "package-root commit"
+# (the working tree for any WHO it does not stage).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 R=$PWD; OUTD=$(mkdir -p "${OUT:-bench/results}" && cd "${OUT:-bench/results}" && pwd)
