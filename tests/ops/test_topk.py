@@ -23,6 +23,19 @@ def test_vocab_topk_matches_stable_sort(r, v, k):
     assert torch.equal(cpu_i, want_i.cpu())
 
 
+def test_vocab_topk_orders_signed_zeros_and_extremes_as_a_stable_sort():
+    """The kernel ranks by an integer key made from the float's bits: -0.0 and +0.0 must tie (the
+    lower id first, whichever zero it holds), negatives order by value and not by their bits, and
+    -inf, the smallest normal and subnormal values keep their places."""
+    tiny = torch.finfo(torch.float32).tiny
+    row = torch.tensor([-0.0, -1.5, 0.0, -tiny, -0.0, float("-inf"), -tiny / 4, -1.25, 0.0, -3e38, tiny / 8])
+    x = torch.stack([row, row.flip(0), -row.abs()]).to(DEV)
+    for k in (4, row.numel()):
+        want_v, want_i = vocab_topk_naive(x, k)
+        got_v, got_i = vocab_topk(x, k)
+        assert torch.equal(got_i, want_i) and torch.equal(got_v, want_v)
+
+
 @pytest.mark.parametrize("r,v,k", [(1, 40, 3), (8, 8192, 8), (5, 1000, 16), (3, 7, 7)])
 @pytest.mark.parametrize("folded", [False, True])
 def test_vocab_topk_of_logits_matches_log_softmax(r, v, k, folded):
