@@ -6,8 +6,8 @@
 #   git archive 759014f ssv | tar -x -C .stage/prev47 --exclude=ssv/data   (base46: see gpu_s46.sh)
 #   tar -C .stage -cJf .stage/pk47.tar.xz base46 prev47
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
-#   c:  carry [".whl", ".stage/pk47.tar.xz"]  the draft ops (scripts/probe_draft_ops.py) prev / head; the verify
-#       launch's variants base / head; the step table base / prev / head; the CUDA tests of the draft attention
+#   c:  carry [".whl", ".stage/pk47.tar.xz"]  the draft ops (scripts/probe_draft_ops.py) prev / head; (PROBES=1) the
+#       verify launch's variants base / head; the step table base / prev / head; the CUDA tests of the draft attention
 #       and the top-k, then the verify tests (cut at TESTS_TIMEOUT)
 #   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB)
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
@@ -30,7 +30,7 @@ c)
         PYTHONPATH=$pp:/tmp/site timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-$who.json" \
             --tag $who 2>&1 | grep -v -i warn | tee "$OUTD/draft-ops-$who.txt"
     done
-    for who in base head; do
+    [ -n "${PROBES:-}" ] && for who in base head; do
         read -r pp c <<< "$(pkg $who)"
         PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
             python3 scripts/gpu_probe.py time "naive defaults,exact4 lazy defaults,approx16 lazy" 2>&1 \
