@@ -9,7 +9,8 @@
 #   c:  carry [".whl", ".stage/pk47.tar.xz"]  the draft ops (scripts/probe_draft_ops.py) prev / head; (PROBES=1) the
 #       verify launch's variants base / head; the step table base / prev / head; the CUDA tests of the draft attention
 #       and the top-k, then the verify tests (cut at TESTS_TIMEOUT)
-#   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB)
+#   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB);
+#       DRAFT=1: also head's draft ops and the CUDA tests of the draft attention and the top-k
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "prev head"); E2E_MODES as in
 #       gpu_pkgs.sh
@@ -42,6 +43,12 @@ c)
     timeout ${TESTS_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_kernels.py \
         -k "verify and (default or lazy or edge or item)" 2>&1 | tail -4 | tee "$OUTD/tests-verify-head.log"
     ;;
-q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null
+    if [ -n "${DRAFT:-}" ]; then   # head's draft ops and their CUDA tests, beside a part of the GGUF
+        timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-head-$1.json" --tag head 2>&1 \
+            | grep -v -i warn | tee "$OUTD/draft-ops-head-$1.txt"
+        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py \
+            2>&1 | tail -4 | tee "$OUTD/tests-draft-topk-head-$1.log"
+    fi ;;
 ab) e2e_pkgs ${WHO:-prev head} ;;
 esac

@@ -22,6 +22,39 @@ def _online_tile(b_q, b_k, b_v, m_k, b_m, b_l, b_acc, scale):
 
 
 @triton.jit
+def _ring_tiles(b_q, k_ring, v_ring, ring_pos, i_s, i_h, p_q, o_d, m_d, b_m, b_l, b_acc, scale, s_rk, s_rh,
+                W: tl.constexpr, BK: tl.constexpr, TPS: tl.constexpr):
+    # split i_s's TPS tiles of the ring: slot s is visible when it holds a position inside the window
+    for t in tl.static_range(TPS):
+        o_k = (i_s * TPS + t) * BK + tl.arange(0, BK)                                      # [BK]
+        m_r = o_k < W
+        b_p = tl.load(ring_pos + o_k, mask=m_r, other=-1)
+        p_k = o_k.to(tl.int64)[:, None] * s_rk + i_h * s_rh + o_d[None, :]
+        b_k = tl.load(k_ring + p_k, mask=m_r[:, None] & m_d[None, :], other=0.0)         # [BK, BD]
+        b_v = tl.load(v_ring + p_k, mask=m_r[:, None] & m_d[None, :], other=0.0)
+        m_k = m_r & (b_p >= 0) & (b_p > p_q - W)
+        b_m, b_l, b_acc = _online_tile(b_q, b_k, b_v, m_k, b_m, b_l, b_acc, scale)
+    return b_m, b_l, b_acc
+
+
+@triton.jit
+def _path_tile(b_q, k_scr, v_scr, path, n_real, i_f, i_h, lvl, o_d, m_d, b_m, b_l, b_acc, scale, s_sk, s_sh, s_pn,
+               W: tl.constexpr, DP: tl.constexpr, BP: tl.constexpr, ROWS: tl.constexpr):
+    # the node's path as one gathered tile: column j is the ancestor at depth j + 1, visible within the window
+    o_j = tl.arange(0, BP)
+    if ROWS:    # the real rows before it and itself (a padded row sees itself)
+        b_n = tl.load(n_real).to(tl.int64)
+        b_r = tl.where((o_j <= i_f) & ((o_j < b_n) | (o_j == i_f)), o_j, -1).to(tl.int64)
+    else:
+        b_r = tl.load(path + i_f * s_pn + o_j, mask=o_j < DP, other=-1).to(tl.int64)
+    m_j = (b_r >= 0) & ((lvl - 1) - (o_j + 1) < W)
+    p_s = tl.maximum(b_r, 0)[:, None] * s_sk + i_h * s_sh + o_d[None, :]
+    b_k = tl.load(k_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)
+    b_v = tl.load(v_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)
+    return _online_tile(b_q, b_k, b_v, m_j, b_m, b_l, b_acc, scale)
+
+
+@triton.jit
 def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen, n_real, ws_m, ws_l, ws_a, level,
                           scale, s_qn, s_qh, s_rk, s_rh, s_sk, s_sh, s_pn,
                           W: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
@@ -50,28 +83,11 @@ def draft_attn_fwd_kernel(q, k_ring, v_ring, ring_pos, k_scr, v_scr, path, dlen,
     b_l = tl.zeros([BM], dtype=tl.float32)
     b_acc = tl.zeros([BM, BD], dtype=tl.float32)
     if i_s < NS:
-        for t in tl.static_range(TPS):
-            o_k = (i_s * TPS + t) * BK + tl.arange(0, BK)                                  # [BK]
-            m_r = o_k < W
-            b_p = tl.load(ring_pos + o_k, mask=m_r, other=-1)
-            p_k = o_k.to(tl.int64)[:, None] * s_rk + i_h * s_rh + o_d[None, :]
-            b_k = tl.load(k_ring + p_k, mask=m_r[:, None] & m_d[None, :], other=0.0)     # [BK, BD]
-            b_v = tl.load(v_ring + p_k, mask=m_r[:, None] & m_d[None, :], other=0.0)
-            m_k = m_r & (b_p >= 0) & (b_p > p_q - W)
-            b_m, b_l, b_acc = _online_tile(b_q, b_k, b_v, m_k, b_m, b_l, b_acc, scale)
+        b_m, b_l, b_acc = _ring_tiles(b_q, k_ring, v_ring, ring_pos, i_s, i_h, p_q, o_d, m_d, b_m, b_l, b_acc, scale,
+                                      s_rk, s_rh, W, BK, TPS)
     else:
-        # the path: column j is the ancestor at depth j + 1, visible within the window
-        o_j = tl.arange(0, BP)
-        if ROWS:    # the real rows before it and itself (a padded row sees itself)
-            b_n = tl.load(n_real).to(tl.int64)
-            b_r = tl.where((o_j <= i_f) & ((o_j < b_n) | (o_j == i_f)), o_j, -1).to(tl.int64)
-        else:
-            b_r = tl.load(path + i_f * s_pn + o_j, mask=o_j < DP, other=-1).to(tl.int64)
-        m_j = (b_r >= 0) & ((lvl - 1) - (o_j + 1) < W)
-        p_s = tl.maximum(b_r, 0)[:, None] * s_sk + i_h * s_sh + o_d[None, :]
-        b_k = tl.load(k_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)
-        b_v = tl.load(v_scr + p_s, mask=m_j[:, None] & m_d[None, :], other=0.0)
-        b_m, b_l, b_acc = _online_tile(b_q, b_k, b_v, m_j, b_m, b_l, b_acc, scale)
+        b_m, b_l, b_acc = _path_tile(b_q, k_scr, v_scr, path, n_real, i_f, i_h, lvl, o_d, m_d, b_m, b_l, b_acc, scale,
+                                     s_sk, s_sh, s_pn, W, DP, BP, ROWS)
     # workspace [F, Hq, NS + 1] (max, sum) and [F, Hq, NS + 1, BD]
     p_w = (i_f * tl.num_programs(1) * G + i_h * G + o_g) * (NS + 1) + i_s                # [BM]
     tl.store(ws_m + p_w, b_m, mask=m_g)
