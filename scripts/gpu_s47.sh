@@ -9,6 +9,8 @@
 #   c:  carry [".whl", ".stage/pk47.tar.xz"]  the draft ops (scripts/probe_draft_ops.py) prev / head; (PROBES=1) the
 #       verify launch's variants base / head; the step table base / prev / head; the CUDA tests of the draft attention
 #       and the top-k, then the verify tests (cut at TESTS_TIMEOUT)
+#   d:  carry [".whl", ".stage/pk47.tar.xz"]  (after c) the draft ops prev / head and head's CUDA tests of them;
+#       whole graphed rounds (scripts/probe_round.py) prev / head twice, interleaved; the step table base / prev
 #   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB);
 #       DRAFT=1: also head's draft ops and the CUDA tests of the draft attention and the top-k
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
@@ -42,6 +44,24 @@ c)
         | tail -4 | tee "$OUTD/tests-draft-topk-head.log"
     timeout ${TESTS_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_kernels.py \
         -k "verify and (default or lazy or edge or item)" 2>&1 | tail -4 | tee "$OUTD/tests-verify-head.log"
+    ;;
+d)  # after c's compile failure at head: the draft ops prev / head, their CUDA tests at head, whole graphed rounds
+    # (random weights, the draft phase included) prev / head interleaved, the step table base / prev once warm
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    unpack_pkgs .stage/pk47.tar.xz base46 prev47
+    for who in prev head; do
+        read -r pp c <<< "$(pkg $who)"
+        PYTHONPATH=$pp:/tmp/site timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-$who.json" \
+            --tag $who 2>&1 | grep -v -i warn | tee "$OUTD/draft-ops-$who.txt"
+    done
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py 2>&1 \
+        | tail -4 | tee "$OUTD/tests-draft-topk-head.log"
+    for i in 1 2; do for who in prev head; do
+        read -r pp c <<< "$(pkg $who)"
+        PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c TAG=$who-$i OUT=$OUTD timeout 120 python3 scripts/probe_round.py 2>&1 \
+            | grep -v -i warn | tail -4
+    done; done
+    for who in base prev; do steps $who steps-warm-$who; done
     ;;
 q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null
     if [ -n "${DRAFT:-}" ]; then   # head's draft ops and their CUDA tests, beside a part of the GGUF
