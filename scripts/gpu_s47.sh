@@ -10,7 +10,7 @@
 #       verify launch's variants base / head; the step table base / prev / head; the CUDA tests of the draft attention
 #       and the top-k, then the verify tests (cut at TESTS_TIMEOUT)
 #   d:  carry [".whl", ".stage/pk47.tar.xz"]  (after c) the draft ops prev / head and head's CUDA tests of them;
-#       whole graphed rounds (scripts/probe_round.py) prev / head twice, interleaved; the step table base / prev
+#       whole graphed rounds (scripts/probe_round.py) prev / head twice, interleaved; STEPS_WARM=1 the step table base / prev
 #   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (the tree and a part and the wheels pass the 64 MiB);
 #       DRAFT=1: also head's draft ops and the CUDA tests of the draft attention and the top-k
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
@@ -61,7 +61,7 @@ d)  # after c's compile failure at head: the draft ops prev / head, their CUDA t
         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c TAG=$who-$i OUT=$OUTD timeout 120 python3 scripts/probe_round.py 2>&1 \
             | grep -v -i warn | tail -4
     done; done
-    for who in base prev; do steps $who steps-warm-$who; done
+    [ -n "${STEPS_WARM:-}" ] && for who in base prev; do steps $who steps-warm-$who; done
     ;;
 q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null
     if [ -n "${DRAFT:-}" ]; then   # head's draft ops and their CUDA tests, beside a part of the GGUF
