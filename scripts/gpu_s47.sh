@@ -56,7 +56,7 @@ d)  # after c's compile failure at head: the draft ops prev / head, their CUDA t
     done
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py 2>&1 \
         | tail -4 | tee "$OUTD/tests-draft-topk-head.log"
-    for i in 1 2; do for who in prev head; do
+    for i in ${ROUND_PAIRS:-1 2}; do for who in prev head; do
         read -r pp c <<< "$(pkg $who)"
         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c TAG=$who-$i OUT=$OUTD timeout 120 python3 scripts/probe_round.py 2>&1 \
             | grep -v -i warn | tail -4
