@@ -1,5 +1,5 @@
-"""Compile the step's GEMM kernels for sm_90 without a GPU (triton's own ptxas) at the default model's
-shapes and shipped tiles, PDL on and off, and show where their L2 prefetch of the weights lands: the
+"""Compile the step's GEMM kernels for sm_90 without a GPU (triton's own ptxas) at the default model's (and its
+drafter's q|k|v) shapes and shipped tiles, PDL on and off, and show where their L2 prefetch of the weights lands: the
 `prefetch.global.L2` instructions before `griddepcontrol.wait` in the PTX (the prefetch overlaps the
 previous kernel only there), their count a thread, and the SASS's prefetch (CCTL) instructions.
 Prints one line a variant; tests/ops/test_pdl.py runs it."""
@@ -39,3 +39,7 @@ for pdl in (False, True):
     cc, use = compile_sm90(linear_rope_fwd_kernel, ROPE, dict(K=576, HQ=9, HKV=3, D=64, BM=16, BN=32, BK=256, NORM=True,
                                                               POS=True, PDL=pdl), 4, 3)
     report(f"linear_rope qkv pdl={pdl}", cc, use)
+for pdl in (False, True):   # the EAGLE-3 drafter's: its two normed halves side by side, no folded norm
+    cc, use = compile_sm90(linear_rope_fwd_kernel, ROPE, dict(K=1152, HQ=9, HKV=3, D=64, BM=16, BN=32, BK=256,
+                                                              NORM=False, POS=False, PDL=pdl), 4, 3)
+    report(f"linear_rope draft_qkv pdl={pdl}", cc, use)

@@ -33,6 +33,7 @@ from ssv.ops.linear.policy import LinearLaunch, default_launch, gemm_key, row_ti
 LAYER = {"smollm2-135m": (576, 1536, 960), "llama3.1-8b": (4096, 14336, 6144)}
 HEADS = {"smollm2-135m": (9, 3, 64), "llama3.1-8b": (32, 8, 128)}   # (Hq, Hkv, D)
 MARGIN = 0.97
+DRAFT_ROWS = 8   # a draft level's frontier (the commit's rows, at most the tree's depth + 1, share its row tile)
 
 
 def gemms(shape):
@@ -140,10 +141,12 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev=
         del ws
 
 
-def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev="cuda"):
+def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev="cuda", draft=False):
     """The q|k|v projection with its RoPE and cache writes: as the step runs it without a rope entry
     (its q|k|v GEMM, on the kernel where `best_out` / the shipped table lists one, else cuBLAS, then
-    rope_write's launch) against `linear_rope` at a grid of tiles (column tiles dividing D / 2)."""
+    rope_write's launch) against `linear_rope` at a grid of tiles (column tiles dividing D / 2).
+    draft: the EAGLE-3 drafter's (`Eagle3MidLayer.qkv_write`): K = 2 H (the normed embedding and feature
+    side by side), no norm folded into the GEMM."""
     from ssv.config import RopeConfig
     from ssv.model.layers import rope_cos_sin, rope_inv_freq
     from ssv.ops.glue.ops import rope_write
@@ -152,7 +155,8 @@ def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False,
     from ssv.ops.utils import device_name
     h, _, _ = LAYER[shape]
     hq, hkv, d = HEADS[shape]
-    n, k = (hq + 2 * hkv) * d, h
+    n, k = (hq + 2 * hkv) * d, 2 * h if draft else h
+    eps = None if draft else 1e-5
     gen = torch.Generator(device=dev).manual_seed(1)
     ws = [torch.randn(n, k, device=dev, generator=gen).mul_(k ** -0.5).bfloat16() for _ in range(layers)]
     x = (torch.randn(m, k, device=dev, generator=gen) * 4).bfloat16()
@@ -161,35 +165,36 @@ def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False,
     slots = pos.clone()
     kc = torch.zeros(layers, hkv, 8192, d, device=dev, dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
-    want = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=1e-5, pos=pos, pdl=False).float()
-    e = best_out.get(gemm_key(m, n, k, False, True, False))
+    want = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=eps, pos=pos, pdl=False).float()
+    e = best_out.get(gemm_key(m, n, k, False, not draft, False))
     lq = (LinearLaunch(e.get("bm", row_tile(m)), e["bn"], e["bk"], e["warps"], e["stages"]) if e is not None
-          else tuned_launch(device_name(torch.device(dev)), m, n, k, norm=True))
+          else tuned_launch(device_name(torch.device(dev)), m, n, k, norm=not draft))
 
     def unfused():
         for i, w in enumerate(ws):
             if lq is not None:
-                qkv, nrm = linear(x, w, norm_eps=1e-5, launch=lq, pdl=pdl), None
+                qkv, nrm = linear(x, w, norm_eps=eps, launch=lq, pdl=pdl), None
             else:
-                qkv, nrm = F.linear(x, w), (x, 1e-5)
+                qkv, nrm = F.linear(x, w), (None if draft else (x, 1e-5))
             rope_write(qkv, cos, sin, hq, hkv, kc[i], vc[i], slots, norm=nrm, pos=pos)
 
     def fused_fn(lp):
         def f():
             for i, w in enumerate(ws):
-                linear_rope(x, w, cos, sin, hq, hkv, kc[i], vc[i], slots, norm_eps=1e-5, pos=pos, launch=lp, pdl=pdl)
+                linear_rope(x, w, cos, sin, hq, hkv, kc[i], vc[i], slots, norm_eps=eps, pos=pos, launch=lp, pdl=pdl)
         return f
 
     def trial(lp):
-        got = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=1e-5, pos=pos, launch=lp,
+        got = linear_rope(x, ws[0], cos, sin, hq, hkv, kc[0], vc[0], slots, norm_eps=eps, pos=pos, launch=lp,
                           pdl=pdl).float()
         return bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2)), _bench(fused_fn(lp), layers)
 
     base = _bench(unfused, layers)
-    row = dict(shape=shape, gemm="qkv_rope", m=m)
+    name = "draft_qkv_rope" if draft else "qkv_rope"
+    row = dict(shape=shape, gemm=name, m=m)
     rows.append(dict(row, impl="gemm+rope_write", config=None if lq is None else lq.__dict__, us=base))
-    choose(f"{shape:14s} qkv_rope m={m:3d}", gemm_key(m, n, k, False, True, False, rope=True),
-           gemm_key(1, n, k, False, True, False, rope=True), base,
+    choose(f"{shape:14s} {name} m={m:3d}", gemm_key(m, n, k, False, not draft, False, rope=True),
+           gemm_key(1, n, k, False, not draft, False, rope=True), base,
            f"unfused ({'kernel' if lq else 'cuBLAS'} + rope_write)",
            [c for c in configs(m, quick) if (d // 2) % c.bn == 0], trial, rows, row, best_out, invariant,
            "triton-pdl" if pdl else "triton")
@@ -214,6 +219,9 @@ def add_args(p):
     p.add_argument("--rope", action="store_true",
                    help="also the q|k|v projection with RoPE and the cache writes in one launch (linear_rope) "
                         "against the GEMM and rope_write's launch")
+    p.add_argument("--draft", action="store_true",
+                   help="also the EAGLE-3 drafter's q|k|v with RoPE (K = 2 H, no folded norm) at its 8 frontier "
+                        "rows, as --rope times the target's")
 
 
 def merge_tiles(path: str, device: str, best: dict, timed: set, measured: str) -> None:
@@ -236,6 +244,8 @@ def cmd_bench_linear(a) -> int:
              for _, n, k, glu, norm, acc in gemms(shape)}
     if a.rope:
         timed |= {gemm_key(m, LAYER[s][2], LAYER[s][0], False, True, False, rope=True) for s in a.shapes for m in a.rows}
+    if a.draft:
+        timed |= {gemm_key(DRAFT_ROWS, LAYER[s][2], 2 * LAYER[s][0], False, False, False, rope=True) for s in a.shapes}
     for shape in a.shapes:
         for m in sorted(a.rows):   # M = 1 first: the larger M's batch-invariant tiles are its
             run(shape, m, 30 if shape == "smollm2-135m" else 4, a.quick, rows, best,
@@ -243,6 +253,8 @@ def cmd_bench_linear(a) -> int:
             if a.rope:
                 run_rope(shape, m, 30 if shape == "smollm2-135m" else 4, a.quick, rows, best,
                          None if m == 1 else dict(best, _take=a.batch_invariant), a.pdl)
+        if a.draft:   # the draft tree's levels: no batch invariance to keep (its rows only propose)
+            run_rope(shape, DRAFT_ROWS, 6, a.quick, rows, best, None, a.pdl, draft=True)
     env = environment()
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "probe-linear.json"), "w") as f:

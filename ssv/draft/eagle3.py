@@ -42,7 +42,7 @@ from torch import nn
 from ssv.draft.config import (ARCHITECTURE, DEFAULT_WINDOW, Eagle3Config, check_compatible,  # noqa: F401
                               default_layer_ids)
 from ssv.model.layers import (MLP, RMSNorm, _cat_cached, add_linear, add_mlp, apply_rope, dense, fused_glue, rope_cos_sin,
-                              rope_inv_freq)
+                              rope_inv_freq, tuned_linear)
 
 
 class Eagle3Attention(nn.Module):
@@ -90,7 +90,10 @@ class Eagle3Layer(nn.Module):
         by position (`rope_write`'s). The two norms write the halves of one buffer in one launch, the
         first gathering the embedding rows: no lookup or concatenation launch of their own.
         hidden_rows [N]: the features are rows hidden_rows of hidden (the nodes' parents); raw [N, H]:
-        the same launch copies the features there as they are (the residual `finish_fused` adds into)."""
+        the same launch copies the features there as they are (the residual `finish_fused` adds into).
+        The q|k|v GEMM, its RoPE and the cache writes are one `linear_rope` launch where ssv/ops/linear's
+        table lists the GEMM with `rope` (K = 2 H, no folded norm: `ssv bench linear --draft`), else cuBLAS
+        and `rope_write`."""
         from ssv.ops.glue.ops import rmsnorm_pair, rope_write
         c, a, h = self.c, self.self_attn, hidden.shape[1]
         n = tokens.numel()
@@ -98,6 +101,11 @@ class Eagle3Layer(nn.Module):
         rmsnorm_pair(embed_w, self.input_layernorm.weight, self.input_layernorm.eps, tokens, hidden,
                      self.hidden_norm.weight, self.hidden_norm.eps, out=x, rows2=hidden_rows, raw=raw)
         w = _cat_cached(a, "_wqkv", [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        lp = tuned_linear(x, w, rope=True)
+        if lp is not None:   # GEMM, RoPE and cache writes in one launch where ssv/ops/linear's table lists it
+            from ssv.ops.linear.ops import linear_rope
+            return linear_rope(x, w, cos, sin, c.num_attention_heads, c.num_key_value_heads, k_buf.transpose(0, 1),
+                               v_buf.transpose(0, 1), slots, pos=pos, launch=lp)
         return rope_write(F.linear(x, w), cos, sin, c.num_attention_heads, c.num_key_value_heads,
                           k_buf.transpose(0, 1), v_buf.transpose(0, 1), slots, pos=pos)
 

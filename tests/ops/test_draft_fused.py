@@ -128,3 +128,50 @@ def test_finish_fused_matches_finish(table, tmp_path, monkeypatch):
     torch.testing.assert_close(got.float(), want.float(), **TOL)
     assert sorted(calls) == (sorted([(h, False, False, True), (2 * inter, True, True, False), (h, False, False, True)])
                              if table else [])
+
+
+@pytest.mark.parametrize("table_pos", [False, True])
+def test_qkv_write_through_linear_rope_matches_the_gemm_and_rope_write(table_pos, tmp_path, monkeypatch):
+    """Where the tile table lists the drafter's q|k|v with RoPE (K = 2 H, no folded norm), `qkv_write` is one
+    `linear_rope` launch: the same q, and the same k / v rows written at the slots (nothing else of the
+    NaN-poisoned buffers touched), as cuBLAS (F.linear) and `rope_write`; cos / sin one shared row (a
+    level) or tables by position (the commit's rows)."""
+    import json
+    import ssv.ops.linear.ops as lops
+    import ssv.ops.linear.policy as policy
+    from ssv.ops.utils import device_name
+    target = tiny_target(head_dim=32).to(DEV, DT)
+    mid = tiny_head(target).to(DEV, DT).midlayer
+    c = mid.c
+    h, d, hkv = c.hidden_size, c.head_dim, c.num_key_value_heads
+    n = 5
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, target.cfg.vocab_size, (n,), generator=g).to(DEV)
+    hidden = torch.randn(n, h, generator=g).to(DEV, DT)
+    if table_pos:
+        pos = torch.tensor([9, 3, 12, 0, 7], device=DEV)
+        cos, sin = (torch.randn(16, d, generator=g).to(DEV) for _ in range(2))
+    else:
+        pos = None
+        cos, sin = (torch.randn(1, d, generator=g).to(DEV) for _ in range(2))
+    slots = torch.tensor([2, 6, 0, 9, 4], device=DEV)
+    out = {}
+    for listed in (False, True):
+        if listed:
+            key = policy.gemm_key(n, (c.num_attention_heads + 2 * hkv) * d, 2 * h, False, False, False, rope=True)
+            path = tmp_path / "tiles.json"
+            path.write_text(json.dumps({device_name(torch.device(DEV)): {key: dict(bn=16, bk=32, warps=4, stages=2)}}))
+            monkeypatch.setattr(policy, "TILES", path)
+            calls = []
+            real = lops.linear_rope
+            monkeypatch.setattr(lops, "linear_rope", lambda *a, **kw: calls.append(kw["launch"]) or real(*a, **kw))
+        kb, vb = (torch.full((12, hkv, d), float("nan"), device=DEV, dtype=DT) for _ in range(2))
+        with torch.no_grad():
+            q = mid.qkv_write(target.embed_tokens.weight, tokens, hidden, cos, sin, kb, vb, slots, pos=pos)
+        out[listed] = (q, kb, vb)
+    assert len(calls) == 1 and calls[0].bn == 16
+    (qa, ka, va), (qb, kb, vb) = out[False], out[True]
+    torch.testing.assert_close(qb.float(), qa.float(), **TOL)
+    for a, b in ((ka, kb), (va, vb)):
+        assert torch.equal(a.isnan(), b.isnan()) and not b[slots].isnan().any()
+        torch.testing.assert_close(b[slots].float(), a[slots].float(), **TOL)

@@ -67,7 +67,7 @@ def test_weights_prefetch_precedes_the_wait_and_compiles_for_sm90():
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {ln.split(" REG")[0]: dict(zip(ln.split()[-8::2], ln.split()[-7::2])) for ln in r.stdout.splitlines()}
     want = {"linear o": 4, "linear gate_up": 8, "linear down": 6, "linear qkv": 4, "linear down tap": 6,
-            "linear_rope qkv": 8}
+            "linear_rope qkv": 8, "linear_rope draft_qkv": 12}
     assert len(rows) == 2 * len(want)
     for name, n in want.items():
         on, off = rows[f"{name} pdl=True"], rows[f"{name} pdl=False"]
