@@ -9,19 +9,17 @@ import argparse
 import datetime
 import inspect
 import json
+import os
+import sys
 
 import torch
 
-from ssv.bench.e2e_steps import capture_graph, replay_ms
-from ssv.ops.draft_attn.naive import draft_attn_naive
-from ssv.ops.draft_attn.ops import draft_attn, draft_attn_rows
-from ssv.ops.topk.naive import vocab_topk_naive
-from ssv.ops.topk.ops import vocab_topk
-
-
-def timed(fn, reps, trials):
-    g = capture_graph(lambda: [fn() for _ in range(reps)])
-    return sorted(replay_ms(g) for _ in range(trials))[trials // 2] * 1000 / reps
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from round_timing import graph_us as timed  # noqa: E402
+from ssv.ops.draft_attn.naive import draft_attn_naive  # noqa: E402
+from ssv.ops.draft_attn.ops import draft_attn, draft_attn_rows  # noqa: E402
+from ssv.ops.topk.naive import vocab_topk_naive  # noqa: E402
+from ssv.ops.topk.ops import vocab_topk  # noqa: E402
 
 
 def main():

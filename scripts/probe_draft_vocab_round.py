@@ -6,14 +6,13 @@ of 20) and GPU-busy fraction (kernel time over wall time, torch profiler). Write
 """
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from round_timing import round_rows  # noqa: E402
 from ssv.bench.e2e import mode_table  # noqa: E402
 from ssv.bench.e2e_steps import SHAPES, fill_cache, random_model  # noqa: E402
 from ssv.bench.kernels import environment  # noqa: E402
@@ -39,36 +38,15 @@ for vocab in (8192, 12288):
     runs[vocab] = (r, eng)
 
 
-def block(step, r):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(N):
-        step()
-    torch.cuda.synchronize()
-    r.cache.dlen.fill_(CTX)
-    r.cache.length = CTX
-    return (time.perf_counter() - t0) * 1e3 / N
-
-
 steps = {}
 for vocab, (r, eng) in runs.items():
     steps[f"ssv strict, draft vocab {vocab}"] = (lambda e=eng: e.spec_round(opts), r)
 steps["ar-nsa step"] = (lambda e=runs[8192][1]: e.ar_step(), runs[8192][0])
-for step, r in steps.values():   # capture and warm
-    block(step, r)
-ms = {k: [] for k in steps}
-for _ in range(REPS):
-    for k, (step, r) in steps.items():
-        ms[k].append(block(step, r))
-res = {"env": environment(), "context": CTX, "tree": "6x8x48", "rounds_per_block": N, "rows": []}
-for k, (step, r) in steps.items():
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = block(step, r)
-    busy = sum(e.time_range.end - e.time_range.start for e in prof.events() if e.device_type.name == "CUDA")
-    row = dict(mode=k, round_ms=statistics.median(ms[k]), round_ms_all=ms[k],
-               gpu_busy_fraction=busy / 1e3 / N / wall)
-    res["rows"].append(row)
-    print(f"{k:32s} {row['round_ms']:.3f} ms  busy {row['gpu_busy_fraction']:.2f}  {[round(x, 3) for x in ms[k]]}")
+res = {"env": environment(), "context": CTX, "tree": "6x8x48", "rounds_per_block": N,
+       "rows": round_rows(steps, N, REPS, CTX, warm=1)}
+for row in res["rows"]:
+    print(f"{row['mode']:32s} {row['round_ms']:.3f} ms  busy {row['gpu_busy_fraction']:.2f}  "
+          f"{[round(x, 3) for x in row['round_ms_all']]}")
 out = os.path.join(os.environ.get("OUT", "bench/results"), f"draft-vocab-round-{res['env']['commit']}.json")
 with open(out, "w") as f:
     json.dump(res, f, indent=1)

@@ -6,14 +6,13 @@ the packages' runs: a machine's first run is slower (session 47's step tables). 
     TAG=head python3 scripts/probe_round.py"""
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from round_timing import round_rows  # noqa: E402
 from ssv.bench.e2e import mode_table  # noqa: E402
 from ssv.bench.e2e_steps import SHAPES, fill_cache, random_model  # noqa: E402
 from ssv.bench.kernels import environment  # noqa: E402
@@ -37,33 +36,12 @@ eng = DeviceEngine(r, d)
 eng.start(7)
 
 
-def block(step):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(N):
-        step()
-    torch.cuda.synchronize()
-    r.cache.dlen.fill_(CTX)
-    r.cache.length = CTX
-    return (time.perf_counter() - t0) * 1e3 / N
-
-
-steps = {k: (lambda o=modes[k][1]: eng.spec_round(o)) for k in ("ssv strict", "sd-naive")}
-steps["ar-nsa step"] = eng.ar_step
-for step in steps.values():   # capture and warm
-    block(step)
-    block(step)
-ms = {k: [] for k in steps}
-for _ in range(REPS):
-    for k, step in steps.items():
-        ms[k].append(block(step))
-res = {"env": environment(), "tag": TAG, "context": CTX, "tree": "6x8x48", "rounds_per_block": N, "rows": []}
-for k, step in steps.items():
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = block(step)
-    busy = sum(e.time_range.end - e.time_range.start for e in prof.events() if e.device_type.name == "CUDA")
-    row = dict(mode=k, round_ms=statistics.median(ms[k]), round_ms_all=ms[k], gpu_busy_fraction=busy / 1e3 / N / wall)
-    res["rows"].append(row)
-    print(f"{TAG:8s} {k:14s} {row['round_ms']:.3f} ms  busy {row['gpu_busy_fraction']:.2f}  {[round(x, 3) for x in ms[k]]}")
+steps = {k: (lambda o=modes[k][1]: eng.spec_round(o), r) for k in ("ssv strict", "sd-naive")}
+steps["ar-nsa step"] = (eng.ar_step, r)
+res = {"env": environment(), "tag": TAG, "context": CTX, "tree": "6x8x48", "rounds_per_block": N,
+       "rows": round_rows(steps, N, REPS, CTX)}
+for row in res["rows"]:
+    print(f"{TAG:8s} {row['mode']:14s} {row['round_ms']:.3f} ms  busy {row['gpu_busy_fraction']:.2f}  "
+          f"{[round(x, 3) for x in row['round_ms_all']]}")
 with open(os.path.join(os.environ.get("OUT", "bench/results"), f"round-{TAG}.json"), "w") as f:
     json.dump(res, f, indent=1)

@@ -16,7 +16,8 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from ssv.bench.e2e_steps import capture_graph, replay_ms  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from round_timing import graph_us as timed  # noqa: E402
 from ssv.bench.kernels import _commit  # noqa: E402
 from ssv.ops.accept.naive import round_record_naive  # noqa: E402
 from ssv.ops.accept.ops import accept_greedy_round, accept_greedy_walk  # noqa: E402
@@ -25,11 +26,6 @@ from ssv.ops.tree.ops import tree_finish  # noqa: E402
 from ssv.spec.device import _kept, flatten_device_masked, grow_pool  # noqa: E402
 from ssv.spec.tree import TreeSpec  # noqa: E402
 from ssv.draft.eagle3 import masked_attention_fused  # noqa: E402
-
-
-def timed(fn, reps, trials):
-    g = capture_graph(lambda: [fn() for _ in range(reps)])
-    return sorted(replay_ms(g) for _ in range(trials))[trials // 2] * 1000 / reps
 
 
 def main():
