@@ -26,15 +26,23 @@ pkg() {  # $1 who -> "package-root commit"
     case $1 in base) echo "/tmp/base46 ca85724" ;; prev) echo "/tmp/prev47 759014f" ;;
     *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
+draft_ops() {  # $1 suffix of the files ('' for none), $2.. who: the draft ops (scripts/probe_draft_ops.py), each package
+    local sfx=$1 who pp c; shift
+    for who in "$@"; do
+        read -r pp c <<< "$(pkg $who)"
+        PYTHONPATH=$pp:/tmp/site timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-$who$sfx.json" \
+            --tag $who 2>&1 | grep -v -i warn | tee "$OUTD/draft-ops-$who$sfx.txt"
+    done
+}
+draft_tests() {  # $1 suffix of the log: the CUDA tests of the draft attention and the top-k at the working tree
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py 2>&1 \
+        | tail -4 | tee "$OUTD/tests-draft-topk-head${1:-}.log"
+}
 case "${1:?call}" in
 c)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     unpack_pkgs .stage/pk47.tar.xz base46 prev47
-    for who in prev head; do
-        read -r pp c <<< "$(pkg $who)"
-        PYTHONPATH=$pp:/tmp/site timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-$who.json" \
-            --tag $who 2>&1 | grep -v -i warn | tee "$OUTD/draft-ops-$who.txt"
-    done
+    draft_ops '' prev head
     [ -n "${PROBES:-}" ] && for who in base head; do
         read -r pp c <<< "$(pkg $who)"
         PYTHONPATH=$pp:/tmp/site PROBE_SHAPE=smollm2-135m PROBE_T=4096 PROBE_N=48 timeout 60 \
@@ -42,8 +50,7 @@ c)
             | grep -v -i warn | tee "$OUTD/probe-verify-4k48-$who.txt"
     done
     for who in base prev head; do steps $who steps-$who; done
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py 2>&1 \
-        | tail -4 | tee "$OUTD/tests-draft-topk-head.log"
+    draft_tests
     timeout ${TESTS_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider tests/ops/test_nsa_kernels.py \
         -k "verify and (default or lazy or edge or item)" 2>&1 | tail -4 | tee "$OUTD/tests-verify-head.log"
     ;;
@@ -51,13 +58,8 @@ d)  # after c's compile failure at head: the draft ops prev / head, their CUDA t
     # (random weights, the draft phase included) prev / head interleaved, the step table base / prev once warm
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
     unpack_pkgs .stage/pk47.tar.xz base46 prev47
-    for who in prev head; do
-        read -r pp c <<< "$(pkg $who)"
-        PYTHONPATH=$pp:/tmp/site timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-$who.json" \
-            --tag $who 2>&1 | grep -v -i warn | tee "$OUTD/draft-ops-$who.txt"
-    done
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py 2>&1 \
-        | tail -4 | tee "$OUTD/tests-draft-topk-head.log"
+    draft_ops '' prev head
+    draft_tests
     for i in ${ROUND_PAIRS:-1 2}; do for who in prev head; do
         read -r pp c <<< "$(pkg $who)"
         PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c TAG=$who-$i OUT=$OUTD timeout 120 python3 scripts/probe_round.py 2>&1 \
@@ -67,10 +69,8 @@ d)  # after c's compile failure at head: the draft ops prev / head, their CUDA t
     ;;
 q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null
     if [ -n "${DRAFT:-}" ]; then   # head's draft ops and their CUDA tests, beside a part of the GGUF
-        timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-head-$1.json" --tag head 2>&1 \
-            | grep -v -i warn | tee "$OUTD/draft-ops-head-$1.txt"
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py \
-            2>&1 | tail -4 | tee "$OUTD/tests-draft-topk-head-$1.log"
+        draft_ops -$1 head
+        draft_tests -$1
     fi ;;
 ab) e2e_pkgs ${WHO:-prev head} ;;
 esac

@@ -5,7 +5,6 @@ commit rows' (`draft_attn_rows`, 7 rows) at each number of window splits the pac
 from before the splits: its one form), and the vocabulary top-k of a level (8 rows of 8,192 logits,
 k = 8, with the folded norm). Run it with PYTHONPATH at the package to time.
 Usage: python scripts/probe_draft_ops.py OUT.json [--reps 20] [--trials 15] [--tag NAME]"""
-import argparse
 import datetime
 import inspect
 import json
@@ -15,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from round_timing import graph_us as timed  # noqa: E402
+from round_timing import graph_us as timed, op_probe_args  # noqa: E402
 from ssv.ops.draft_attn.naive import draft_attn_naive  # noqa: E402
 from ssv.ops.draft_attn.ops import draft_attn, draft_attn_rows  # noqa: E402
 from ssv.ops.topk.naive import vocab_topk_naive  # noqa: E402
@@ -23,10 +22,7 @@ from ssv.ops.topk.ops import vocab_topk  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--trials", type=int, default=15)
+    ap = op_probe_args()
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     dev, bf = torch.device("cuda"), torch.bfloat16

@@ -7,7 +7,6 @@ against `_kept` + `flatten_device_masked`), the greedy accept with its record (`
 against the walk and the record's tensor ops), the drafter's commit attention (`draft_attn_rows`
 against the mask, concatenations and SDPA it replaced). Default tree 6 x 8 / 48, the default head's
 shapes. Usage: python scripts/probe_round_ops.py OUT.json [--reps 20] [--trials 15]"""
-import argparse
 import datetime
 import json
 import os
@@ -17,7 +16,7 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from round_timing import graph_us as timed  # noqa: E402
+from round_timing import graph_us as timed, op_probe_args  # noqa: E402
 from ssv.bench.kernels import _commit  # noqa: E402
 from ssv.ops.accept.naive import round_record_naive  # noqa: E402
 from ssv.ops.accept.ops import accept_greedy_round, accept_greedy_walk  # noqa: E402
@@ -29,10 +28,7 @@ from ssv.draft.eagle3 import masked_attention_fused  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--trials", type=int, default=15)
+    ap = op_probe_args()
     a = ap.parse_args()
     dev = torch.device("cuda")
     spec = TreeSpec(6, 8, 48)

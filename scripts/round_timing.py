@@ -2,11 +2,21 @@
 blocks of N rounds between two syncs, each block's cache length put back, interleaved repeats, and the
 GPU-busy fraction of one more block (kernel time over wall time, torch profiler); and one op per call from
 a graph of back-to-back calls (`probe_round_ops.py`, `probe_draft_ops.py`)."""
+import argparse
 import statistics
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+
+def op_probe_args() -> argparse.ArgumentParser:
+    """The op probes' arguments: OUT.json, --reps (calls a graph), --trials (replays, the median kept)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=15)
+    return ap
 
 
 def graph_us(fn, reps: int, trials: int) -> float:
