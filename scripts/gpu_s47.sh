@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # Session 47's device calls, chained AT ONCE (the machine keeps /tmp only while warm, ~30 s). Packages side by
 # side on one machine -- base = ca85724 (session 45's head), prev = 759014f (session 46's head: a7158b8's lazy
-# check per KV split, never run on a GPU before), head = the working tree (in calls c and d: branch
-# s47-draft-kernels, the draft attention's window split over programs and the vocabulary top-k's one-key
-# rounds; main went back to prev's draft kernels until they are timed, so check the branch out, or merge it,
-# before sending d). Here, once:
+# check per KV split, never run on a GPU before), head = the working tree (the draft attention's window split
+# over programs, the vocabulary top-k's one-key rounds). Here, once:
 #   git archive 759014f ssv | tar -x -C .stage/prev47 --exclude=ssv/data   (base46: see gpu_s46.sh)
 #   tar -C .stage -cJf .stage/pk47.tar.xz base46 prev47
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py

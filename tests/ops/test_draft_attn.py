@@ -142,3 +142,32 @@ def test_draft_attn_rows_refuses_more_rows_than_the_window():
     one = torch.ones(1, dtype=torch.long, device=DEV)
     with pytest.raises(ValueError, match="window"):
         draft_attn_rows(q, kr, kr, torch.zeros(4, dtype=torch.long, device=DEV), kn, kn, one, one, 4)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 100])
+def test_draft_attn_any_number_of_window_splits_matches_naive(splits):
+    """The window cut into 1, 2, 3 or more splits than tiles (capped at one tile each): the merge of
+    the splits' partial states is the whole window's softmax, for the level and the commit rows."""
+    q, kr, vr, ring, ks, vs, path, dl = _case(3, 4, 2, 16, 70, 4, 3, 60, 500, splits)
+    want = draft_attn_naive(q, kr, vr, ring, ks, vs, path, dl, 3, 70)
+    got = draft_attn(q.to(DT), kr.to(DT), vr.to(DT), ring, ks.to(DT), vs.to(DT), path, dl, 3, 70, splits=splits)
+    torch.testing.assert_close(got.float(), want, **TOL)
+    kn, vn, nn = ks[:3], vs[:3], torch.tensor([2], device=DEV)
+    want = draft_attn_rows_naive(q, kr, vr, ring, kn, vn, dl, nn, 70)
+    got = draft_attn_rows(q.to(DT), kr.to(DT), vr.to(DT), ring, kn.to(DT), vn.to(DT), dl, nn, 70, splits=splits)
+    torch.testing.assert_close(got.float(), want, **TOL)
+
+
+@pytest.mark.parametrize("window,bk,splits", [(512, 64, 8), (512, 64, 3), (70, 64, 8), (3, 16, 1), (100, 16, 4),
+                                              (1000, 64, 7), (64, 64, 2)])
+def test_window_splits_cover_every_tile_once_with_none_empty(window, bk, splits):
+    from ssv.ops.draft_attn.policy import window_splits
+    ns, tps = window_splits(window, bk, splits)
+    tiles = -(-window // bk)
+    assert 1 <= ns <= splits and ns * tps >= tiles and (ns - 1) * tps < tiles
+
+
+def test_window_splits_refuses_nonsense():
+    from ssv.ops.draft_attn.policy import window_splits
+    with pytest.raises(ValueError, match="window_splits"):
+        window_splits(512, 64, 0)

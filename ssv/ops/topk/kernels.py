@@ -9,8 +9,10 @@ from ssv.ops.pdl import pdl_prologue
 def vocab_topk_fwd_kernel(x, vals, ids, id_map, xn, s_x, s_o, s_xn, eps, V: tl.constexpr, BV: tl.constexpr,
                           K: tl.constexpr, MAP: tl.constexpr, CLAMP: tl.constexpr, LOGITS: tl.constexpr,
                           NORM: tl.constexpr, DM: tl.constexpr, BDM: tl.constexpr, PDL: tl.constexpr = False):
-    # one program per row, the whole row in registers: K rounds of (max, lowest index at the max),
-    # each pick masked out for the next round. MAP: store id_map[index] (draft -> target ids);
+    # one program per row, the whole row in registers: K rounds of one max over an int64 key a entry,
+    # (the value's float bits made signed-orderable) << 32 | (BV - index), so a round's max is the
+    # value's max at its lowest index and one reduction, not two; the pick's key is then retired to
+    # the sentinel below every real key. MAP: store id_map[index] (draft -> target ids);
     # CLAMP: values capped at 0 (log-probs a rounding put above 0); LOGITS: x holds logits, made
     # log-probs here (x - max - log sum exp(x - max), as log_softmax) before the ranking, so the
     # row's log_softmax is no launch of its own; NORM (with LOGITS): x projected the un-normalized row
@@ -24,15 +26,27 @@ def vocab_topk_fwd_kernel(x, vals, ids, id_map, xn, s_x, s_o, s_xn, eps, V: tl.c
             b_x = b_x * _row_rsqrt(xn, i_r, s_xn, eps, DM, BDM)
         b_s = b_x - tl.max(b_x, 0)
         b_x = b_s - tl.log(tl.sum(tl.exp(b_s), 0))
-    b_t = o_v >= V                                                                         # taken
+    b_key = tl.where(o_v < V, _order_key(b_x, o_v, BV), -9223372036854775807 - 1)           # [BV] int64
     for j in tl.static_range(K):
-        b_m = tl.max(tl.where(b_t, float("-inf"), b_x), 0)
-        b_i = tl.min(tl.where((b_x == b_m) & (b_t == 0), o_v, BV), 0)
+        b_best = tl.max(b_key, 0)
+        b_i = BV - (b_best & 0xFFFFFFFF)
+        b_k32 = (b_best >> 32).to(tl.int32)
+        b_m = (b_k32 ^ ((b_k32 >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
         b_v = tl.minimum(b_m, 0.0) if CLAMP else b_m
         tl.store(vals + i_r * s_o + j, b_v.to(vals.dtype.element_ty))
         b_o = tl.load(id_map + b_i).to(tl.int64) if MAP else b_i.to(tl.int64)
         tl.store(ids + i_r * s_o + j, b_o)
-        b_t = b_t | (o_v == b_i)
+        b_key = tl.where(b_key == b_best, -9223372036854775807 - 1, b_key)
+
+
+@triton.jit
+def _order_key(b_x, o_v, BV: tl.constexpr):
+    # float32 [B] at indices o_v < BV -> int64 keys whose order is (value, then the lower index first):
+    # the bits of a negative float flipped below its sign make the int32 order the float order (-0
+    # made +0 first, so the two zeros tie as floats do), the index's complement in the low word
+    b_b = tl.where(b_x == 0, 0.0, b_x).to(tl.int32, bitcast=True)
+    b_k32 = b_b ^ ((b_b >> 31) & 0x7FFFFFFF)
+    return (b_k32.to(tl.int64) << 32) | (BV - o_v).to(tl.int64)
 
 
 @triton.jit
