@@ -1,6 +1,6 @@
 """Static sm_90 SASS counts (triton's own ptxas, no GPU) of two draft-phase kernels of the package on
 PYTHONPATH: the vocabulary top-k over logits with the folded norm (V = 8,192, k = 8, 8 warps, the default
-head's level) and the tree finish (the default 6 x 8 / 48 tree's 329-node pool at 8 / 16 / 32 warps).
+head's level) and the tree finish (the default 6 x 8 / 48 tree's 329-node pool at 4 / 8 / 16 / 32 warps).
 Instruction totals, barriers, shuffles, local-memory spills, registers / stack / shared memory.
     PYTHONPATH=. python scripts/draft_sass_counts.py"""
 import os
@@ -36,9 +36,10 @@ def main():
                                 PDL=True), warps=8)
     print(f"vocab_topk warps 8: REG/STACK/SHARED {'/'.join(use)} {counts(cc)}")
     sig = {n: "*i64" for n in ("tok", "par", "dlen", "ws_new", "ws_node", "o_tok", "o_par", "o_depth", "o_pos", "ws_sp",
-                               "o_sp_tok", "o_sp_par", "o_sp_depth")}
+                               "o_sp_tok", "o_sp_par", "o_sp_depth", "ws_par", "ws_dig", "ws_pos")}
     sig.update(score="*fp64", o_score="*fp32", o_mask="*i1", o_sp_score="*fp32")
-    for w in (8, 16, 32):
+    sig = {n: t for n, t in sig.items() if n in tree_finish_fwd_kernel.arg_names}   # a package's own workspaces
+    for w in (4, 8, 16, 32):
         cc, use = compile_sm90(tree_finish_fwd_kernel, sig, dict(M=329, T=48, K=8, D=6, BITS=4, LEVEL=True, BM=512,
                                                                  BJ=32, BT=64, SP=0, BSP=16, PDL=True), warps=w)
         print(f"tree_finish warps {w}: REG/STACK/SHARED {'/'.join(use)} {counts(cc)}")

@@ -3,7 +3,8 @@ graph of `--reps` back-to-back calls and replayed, CUDA-event timed (median of `
 attention (`draft_attn`: 8 frontier rows, 9 / 3 heads of 64, a full 512-key ring, level 4) and the
 commit rows' (`draft_attn_rows`, 7 rows) at each number of window splits the package takes (a package
 from before the splits: its one form), and the vocabulary top-k of a level (8 rows of 8,192 logits,
-k = 8, with the folded norm). Run it with PYTHONPATH at the package to time.
+k = 8, with the folded norm), and the tree finish of the default 6 x 8 / 48 tree at 8 / 16 / 32 warps
+(its outputs checked against the tensor form). Run it with PYTHONPATH at the package to time.
 Usage: python scripts/probe_draft_ops.py OUT.json [--reps 20] [--trials 15] [--tag NAME]"""
 import datetime
 import inspect
@@ -63,9 +64,25 @@ def main():
     rows.append({"op": "vocab_topk level", "same_ids": bool(torch.equal(gi, wi)),
                  "max_err": (gv - wv).abs().max().item(),
                  "us": timed(lambda: vocab_topk(x, K, logits=True, norm=(xn, 1e-5)), a.reps, a.trials)})
+    from ssv.spec.device import _kept, flatten_device_masked, grow_pool
+    from ssv.spec.tree import TreeSpec
+    from ssv.ops.tree.ops import tree_finish
+    spec = TreeSpec(6, 8, 48)
+    tab = torch.log_softmax(torch.randn(spec.depth, 64, V, generator=g) * 3, -1).double().to(dev)
+    pool = grow_pool(lambda lv, t, p, r: tab[lv - 1][t % 64].float(), torch.tensor(5, device=dev),
+                     tab[0, 5].float(), spec)
+    dl32 = torch.tensor([4096], dtype=torch.int32, device=dev)
+    T, DEP = spec.total_tokens, spec.depth
+    flat, _, tmask = flatten_device_masked(_kept(*pool, T, K), "bfs", spec)
+    for w in (8, 16, 32):
+        got = tree_finish(*pool, dl32, T, K, DEP, "bfs", num_warps=w)
+        same = all(torch.equal(x, y) for x, y in zip((got[0], got[1], got[3], got[5], got[4]),
+                                                      (flat.tokens, flat.parents, flat.depth, tmask, 4096 + flat.depth)))
+        rows.append({"op": f"tree_finish warps {w}", "same": same,
+                     "us": timed(lambda: tree_finish(*pool, dl32, T, K, DEP, "bfs", num_warps=w), a.reps, a.trials)})
     for r in rows:
         print(f"{a.tag:10s} {r['op']:24s} splits {str(r.get('splits')):5s} {r['us']:7.2f} us"
-              + (f"  err {r['max_err']:.2e}" if "max_err" in r else ""))
+              + (f"  err {r['max_err']:.2e}" if "max_err" in r else "") + (f"  same {r['same']}" if "same" in r else ""))
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tag": a.tag,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "rows": rows},
               open(a.out, "w"), indent=1)

@@ -56,14 +56,15 @@ def tree_level_fwd_kernel(vals, toks, root, front, rows_in, tok, par, score, fro
 
 
 @triton.jit
-def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par, o_score, o_depth, o_pos, o_mask,
-                           ws_sp, o_sp_tok, o_sp_par, o_sp_score, o_sp_depth,
+def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, ws_par, ws_dig, ws_pos, o_tok, o_par, o_score,
+                           o_depth, o_pos, o_mask, ws_sp, o_sp_tok, o_sp_par, o_sp_score, o_sp_depth,
                            M: tl.constexpr, T: tl.constexpr, K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
                            LEVEL: tl.constexpr, BM: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
                            SP: tl.constexpr = 0, BSP: tl.constexpr = 16, PDL: tl.constexpr = False):
     # one program: the kept set over the pool (stage 1), then the kept tree's order, mask and
-    # positions in registers (stage 2); the two stages hand over through ws_new / ws_node, so a
-    # barrier makes stage 1's stores visible to every thread of the program
+    # positions (stage 2); the two stages hand over through ws_new / ws_node, and stage 2 gathers
+    # parents through ws_par / ws_dig / ws_pos, each after a barrier that makes the stores visible to
+    # every thread of the program
     pdl_prologue(PDL)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
@@ -98,49 +99,54 @@ def tree_finish_fwd_kernel(tok, par, score, dlen, ws_new, ws_node, o_tok, o_par,
     b_tk = tl.load(tok + b_i, mask=m_t, other=0)
     b_pp = tl.load(par + b_i, mask=m_t, other=-1)
     b_p = tl.load(ws_new + tl.maximum(b_pp, 0), mask=m_t & (b_pp >= 0), other=-1)                # kept parent
-    b_p = tl.maximum(b_p, -1)   # a parent that is a spare (-2 - i) is not kept
+    b_p = tl.maximum(b_p, -1).to(tl.int32)   # a parent that is a spare (-2 - i) is not kept
     b_sc = tl.load(score + b_i, mask=m_t, other=0.0).to(tl.float32)
     # depth by creation: the root, K children, then K*K a level
     b_d = tl.where(b_i == 0, 0, tl.where(b_i <= K, 1, 2 + tl.maximum(b_i - 1 - K, 0) // (K * K))).to(tl.int64)
     # sibling rank: descending float32 score, ties to the lower index
     b_before = (b_sc[None, :] > b_sc[:, None]) | ((b_sc[None, :] == b_sc[:, None]) & (o_t[None, :] < o_t[:, None]))
-    b_sr = tl.sum(((b_p[None, :] == b_p[:, None]) & b_before & m_t[None, :]).to(tl.int64), 1)      # [BT]
-    # ancestors: D parent hops, each a one-hot gather over the [BT, BT] square
-    b_up = o_t.to(tl.int64)
+    b_sr = tl.sum(((b_p[None, :] == b_p[:, None]) & b_before & m_t[None, :]).to(tl.int32), 1)      # [BT]
+    # a node's digit of the path key: (sibling rank + 1) at its level, the root's level highest
+    b_w = tl.where(b_d > 0, (b_sr + 1).to(tl.int64) << (BITS * tl.maximum(D - b_d, 0)), 0)        # [BT] i64
+    # ancestors: D parent hops, each a gather of the kept parents (and their digits) through the
+    # workspace, where a one-hot reduction over a [BT, BT] square a hop made most of the program's
+    # instructions (bench/NOTES.md, session 48)
+    tl.store(ws_par + o_t, b_p, mask=m_t)
+    tl.store(ws_dig + o_t, b_w, mask=m_t)
+    tl.debug_barrier()
+    b_up = b_p
+    b_key = b_w
     b_mask = o_t[:, None] == o_t[None, :]                                                           # [BT, BT]
     for _ in tl.static_range(D):
-        b_g = tl.sum(tl.where(o_t[None, :] == b_up[:, None], b_p[None, :], 0), 1)
-        b_up = tl.where(b_up >= 0, b_g, -1)
+        m_up = b_up >= 0
         b_mask = b_mask | (b_up[:, None] == o_t[None, :])
+        b_key += tl.load(ws_dig + b_up, mask=m_up, other=0)
+        b_up = tl.load(ws_par + b_up, mask=m_up, other=-1)
     b_mask = b_mask & m_t[:, None] & m_t[None, :]
-    # the path key: one BITS-wide digit (sibling rank + 1) a level, the root's level highest
-    b_w = tl.where(b_d > 0, (b_sr + 1) << (BITS * tl.maximum(D - b_d, 0)), 0)                     # [BT] i64
-    b_key = tl.sum(tl.where(b_mask, b_w[None, :], 0), 1)
     if LEVEL:
         b_key += b_d << (BITS * D)
     # the traversal position: a stable ascending rank of the key
     b_lt = (b_key[None, :] < b_key[:, None]) | ((b_key[None, :] == b_key[:, None]) & (o_t[None, :] < o_t[:, None]))
-    b_kr = tl.sum((b_lt & m_t[None, :]).to(tl.int64), 1)                                           # [BT]
-    b_fp = tl.sum(tl.where(o_t[None, :] == b_p[:, None], b_kr[None, :], 0), 1)
-    b_fp = tl.where(b_p >= 0, b_fp, -1)
+    b_kr = tl.sum((b_lt & m_t[None, :]).to(tl.int32), 1)                                           # [BT]
+    # kept number -> traversal position, for the parents (and the spares' parents)
+    tl.store(ws_pos + o_t, b_kr, mask=m_t)
+    tl.debug_barrier()
+    b_fp = tl.load(ws_pos + b_p, mask=b_p >= 0, other=-1)
     tl.store(o_tok + b_kr, b_tk, mask=m_t)
-    tl.store(o_par + b_kr, b_fp, mask=m_t)
+    tl.store(o_par + b_kr, b_fp.to(tl.int64), mask=m_t)
     tl.store(o_score + b_kr, b_sc, mask=m_t)
     tl.store(o_depth + b_kr, b_d, mask=m_t)
     tl.store(o_pos + b_kr, tl.load(dlen).to(tl.int64) + b_d, mask=m_t)
     tl.store(o_mask + b_kr[:, None] * T + b_kr[None, :], b_mask, mask=m_t[:, None] & m_t[None, :])
     if SP > 0:
-        # the spares (rank order): a parent kept is named by its flattened position (ws_node now maps
-        # kept number -> position), a parent that is itself a spare as T + its spare rank
-        tl.debug_barrier()
-        tl.store(ws_node + o_t, b_kr, mask=m_t)
-        tl.debug_barrier()
+        # the spares (rank order): a parent kept is named by its flattened position, a parent that
+        # is itself a spare as T + its spare rank
         o_s = tl.arange(0, BSP)
         m_s = o_s < SP
         b_si = tl.load(ws_sp + o_s, mask=m_s, other=0)                                              # [BSP] pool ids
         b_sv = tl.load(ws_new + tl.maximum(tl.load(par + b_si, mask=m_s, other=0), 0), mask=m_s, other=0)
         # (a parent neither kept nor a spare, -1: a NaN child ranked before its parent, as the tensor form)
-        b_sp = tl.where(b_sv >= 0, tl.load(ws_node + tl.maximum(b_sv, 0), mask=m_s, other=0),
+        b_sp = tl.where(b_sv >= 0, tl.load(ws_pos + tl.maximum(b_sv, 0), mask=m_s, other=0).to(tl.int64),
                         tl.where(b_sv <= -2, T + (-2 - b_sv), -1))
         b_sd = tl.where(b_si <= K, 1, 2 + tl.maximum(b_si - 1 - K, 0) // (K * K)).to(tl.int64)
         tl.store(o_sp_tok + o_s, tl.load(tok + b_si, mask=m_s, other=0), mask=m_s)

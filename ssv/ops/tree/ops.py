@@ -62,15 +62,16 @@ def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_w
         raise ValueError("tree_finish: tok / par / score [M], score float64")
     dev = tok.device
     S = max(spares, 1)
-    ws = torch.empty(M + T + S, dtype=torch.long, device=dev)
+    ws = torch.empty(M + 4 * T + S, dtype=torch.long, device=dev)   # stage 1 -> 2, stage 2's gathers, spares
     out = torch.empty(4, T, dtype=torch.long, device=dev)   # tokens, parents, depth, pos
     scores = torch.empty(T, dtype=torch.float32, device=dev)
     mask = torch.empty(T, T, dtype=torch.bool, device=dev)
     sp = torch.empty(3, S, dtype=torch.long, device=dev)   # spares' tokens, parents, depth
     sp_score = torch.empty(S, dtype=torch.float32, device=dev)
     tree_finish_fwd_kernel[(1,)](
-        tok, par, score, dlen, ws, ws[M:M + T], out[0], out[1], scores, out[2], out[3], mask,
-        ws[M + T:], sp[0], sp[1], sp_score, sp[2],
+        tok, par, score, dlen, ws, ws[M:M + T], ws[M + T:M + 2 * T], ws[M + 2 * T:M + 3 * T], ws[M + 3 * T:M + 4 * T],
+        out[0], out[1], scores, out[2], out[3], mask,
+        ws[M + 4 * T:], sp[0], sp[1], sp_score, sp[2],
         M=M, T=T, K=K, D=D, BITS=K.bit_length(), LEVEL=order != "dfs", BM=max(16, triton.next_power_of_2(M)),
         BJ=bj, BT=max(16, triton.next_power_of_2(T)), SP=spares, BSP=max(16, triton.next_power_of_2(S)),
         **pdl_args(dev), num_warps=num_warps)
