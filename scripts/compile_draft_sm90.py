@@ -37,10 +37,10 @@ for rows in (False, True):   # the level's attention (8 frontier nodes' paths), 
         q="*bf16", k_ring="*bf16", v_ring="*bf16", ring_pos="*i64", k_scr="*bf16", v_scr="*bf16", path="*i64",
         dlen="*i64", n_real="*i64", ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", level="i32", scale="fp32", s_qn="i32",
         s_qh="i32", s_rk="i32", s_rh="i32", s_sk="i32", s_sh="i32", s_pn="i32"),
-        dict(W=512, G=3, BM=16, D=64, BD=64, BK=64, TPS=1, NS=8, DP=7 if rows else 6, BP=16, ROWS=rows, PDL=True),
+        dict(W=512, G=3, BM=16, D=64, BD=64, BK=64, TPS=2, NS=4, DP=7 if rows else 6, BP=16, ROWS=rows, PDL=True),
         warps=4)
     print(f"draft_attn rows={rows} REG %s STACK %s SHARED %s" % use)
 _, use = compile_sm90(draft_attn_merge_fwd_kernel, dict(ws_m="*fp32", ws_l="*fp32", ws_a="*fp32", o="*bf16",
                                                        s_on="i32"),
-                      dict(HQ=9, BH=16, D=64, BD=64, NS=8, PDL=True), warps=4)
+                      dict(HQ=9, BH=16, D=64, BD=64, NS=4, PDL=True), warps=4)
 print("draft_attn merge REG %s STACK %s SHARED %s" % use)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-# the window's splits when the caller names none: each program then streams one 64-key tile of the
-# default head's 512-key window (see bench/NOTES.md, session 47, for the splits timed)
-SPLITS = 8
+# the window's splits when the caller names none: each program then streams two 64-key tiles of the
+# default head's 512-key window (H100, bench/results/gpu-s48/d/: 4.9 us a level against 5.4-5.7 at 8 splits)
+SPLITS = 4
 
 
 def window_splits(window: int, bk: int, splits: Optional[int] = None) -> Tuple[int, int]:
