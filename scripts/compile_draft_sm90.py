@@ -2,7 +2,8 @@
 norms in one launch (`rmsnorm_pair_fwd_kernel`) and the vocabulary top-k over logits with the final
 norm folded (`vocab_topk_fwd_kernel`, LOGITS and NORM), at the default head's shapes (576 wide, a
 12,288-token draft vocabulary), and the drafter's ring commit (`ring_commit_fwd_kernel`, 3 x 64 keys a
-row, a 512-slot window, the default), PDL on. Prints their registers / stack / shared memory; a lowering
+row, a 512-slot window, the default), and the level's and the commit rows' attention (`draft_attn_fwd_kernel`,
+8 frontier nodes / 7 rows over a 512-key window in its default 4 splits) with the splits' merge, PDL on. Prints their registers / stack / shared memory; a lowering
 failure raises. tests/ops/test_compile_launches.py runs it."""
 import os
 import sys
