@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 48's device calls (after gpu_s47.sh's d, q0..q3 and ab ran at 7cb2b62: bench/results/gpu-s48/).
+#   e: no carry needed  the verify launch's prologue bound (scripts/probe_verify_prologue.py: the default model
+#      at 4K / 48 and Llama's shape at 64K / 64), the draft ops at the working tree, the round ops' tree finish
+#      sweep (scripts/probe_round_ops.py), the CUDA tests of the draft attention, the top-k and the tree
+# SSV_COMMIT names the working tree's commit (no git there).
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH
+trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
+case "${1:?call}" in
+e)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 scripts/probe_verify_prologue.py "$OUTD/verify-prologue.json" 2>&1 \
+        | grep -v -i warn | tee "$OUTD/verify-prologue.txt"
+    timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-head.json" --tag head 2>&1 | grep -v -i warn \
+        | tee "$OUTD/draft-ops-head.txt"
+    timeout 120 python3 scripts/probe_round_ops.py "$OUTD/round-ops-head.json" 2>&1 | grep -v -i warn \
+        | tee "$OUTD/round-ops-head.txt"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_draft_attn.py tests/ops/test_topk.py \
+        tests/ops/test_tree.py 2>&1 | tail -4 | tee "$OUTD/tests-draft-topk-tree-head.log"
+    ;;
+esac
