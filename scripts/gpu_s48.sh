@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 48's device calls (after gpu_s47.sh's d, q0..q3 and ab ran at 7cb2b62: bench/results/gpu-s48/).
 #   e: no carry needed  the verify launch's prologue bound (scripts/probe_verify_prologue.py: the default model
-#      at 4K / 48 and Llama's shape at 64K / 64), its phases (scripts/verify_timeline.py at 4K / 48), the draft ops at the working tree, the round ops' tree finish
-#      sweep (scripts/probe_round_ops.py), the tree finish under ncu (scripts/ncu_tree_finish.py), the CUDA tests of the draft attention, the top-k and the tree
+#      at 4K / 48 and Llama's shape at 64K / 64), its phases (scripts/verify_timeline.py at 4K / 48), the draft ops at the working tree, the tree finish
+#      under ncu (scripts/ncu_tree_finish.py), the CUDA tests of the draft attention, the top-k and the tree
 # SSV_COMMIT names the working tree's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
@@ -15,8 +15,6 @@ e)
         "exact4 defaults,naive defaults" 2>&1 | grep -v -i warn | tee "$OUTD/timeline-4k48-head.txt"
     timeout 90 python3 scripts/probe_draft_ops.py "$OUTD/draft-ops-head.json" --tag head 2>&1 | grep -v -i warn \
         | tee "$OUTD/draft-ops-head.txt"
-    timeout 120 python3 scripts/probe_round_ops.py "$OUTD/round-ops-head.json" 2>&1 | grep -v -i warn \
-        | tee "$OUTD/round-ops-head.txt"
     # the tree finish under Nsight Compute: its stall samples by SASS line (the second launch)
     timeout 120 ncu --clock-control none --set full -k regex:tree_finish -s 1 -c 1 -o /tmp/tf -f \
         python3 scripts/ncu_tree_finish.py > /tmp/ncu.log 2>&1; tail -2 /tmp/ncu.log
