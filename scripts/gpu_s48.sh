@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 48's device calls (after gpu_s47.sh's d, q0..q3 and ab ran at 7cb2b62: bench/results/gpu-s48/).
 #   e: no carry needed  the verify launch's prologue bound (scripts/probe_verify_prologue.py: the default model
-#      at 4K / 48 and Llama's shape at 64K / 64), its phases (scripts/verify_timeline.py at 4K / 48), the draft ops at the working tree, the tree finish
-#      under ncu (scripts/ncu_tree_finish.py), the CUDA tests of the draft attention, the top-k and the tree
+#      at 4K / 48 and Llama's shape at 64K / 64), its phases (scripts/verify_timeline.py at 4K / 48), the draft
+#      ops at the working tree, the tree finish under ncu (scripts/ncu_tree_finish.py), the CUDA tests of the
+#      draft attention, the top-k and the tree
 # SSV_COMMIT names the working tree's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
