@@ -7,6 +7,7 @@ elsewhere (in the routing's top-n, once per group and head) cannot pay. `bitmask
 reads the group's selections as row masks (made here on the host from the indices; the routing's top-n would
 write them) instead of comparing the entries pairwise.
     python3 scripts/probe_verify_prologue.py OUT.json   (PYTHONPATH at the package; CUDA)
+    python3 scripts/probe_verify_prologue.py --sass     (no GPU: the forms' static sm_90 counts)
 Cases: the default model at 4K with 48 tree queries (strict's C = 4), and Llama-3.1-8B's shape at 64K / 64."""
 import datetime
 import inspect
@@ -150,7 +151,31 @@ def run_case(name, c, mods, rows):
         print(f"{name:28s} {form:14s} {ms * 1e3:8.2f} us  rel.err vs default {err:.1e}", flush=True)
 
 
+def sass_counts():
+    """No GPU: each form's static sm_90 SASS (triton's own ptxas) at the default model's strict launch (C = 4,
+    4K, 48 queries), and how much of it comes before the first K/V tile load."""
+    import re
+    from compile_launches import compile_args, record_verify
+    from sm90 import compile_sm90, sass_lines
+    launches = [x for x in record_verify("smollm2-135m", 4096, 48) if x[0] == "nsa_verify_fwd_kernel"]
+    _, fn, args, warps, const = next(x for x in launches if x[4].get("C") == 4 and not x[4].get("APPROX"))
+    sig, consts, stages = compile_args(fn, args, const)
+    forms = [("default", fn, sig, consts),
+             ("bitmask", bitmask_module().nsa_verify_fwd_kernel, dict(sig, bmask="*u8", s_mn="i32", s_mh="i32"),
+              dict(consts, NBM=128)),
+             ("prebuilt", prebuilt_module().nsa_verify_fwd_kernel, sig, dict(consts, PREBUILT=True))]
+    kinds = ("LDG", "STG", "BAR", "SHFL", "ISETP", "LOP3", "IMAD")
+    for name, kern, sg, cs in forms:
+        cc, use = compile_sm90(kern, sg, cs, warps, stages)
+        ops = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", ln).split()[0] for ln in sass_lines(cc)]
+        cut = next(i for i, o in enumerate(ops) if o.startswith("UTMALDG"))
+        print(f"{name:9s} REG {use[0]} SASS {len(ops)}, before the first tile {cut}: "
+              + " ".join(f"{k} {sum(o.startswith(k) for o in ops[:cut])}" for k in kinds))
+
+
 def main():
+    if sys.argv[1:] == ["--sass"]:
+        return sass_counts()
     mods = {"prebuilt": prebuilt_module(), "bitmask": bitmask_module()}
     rows = []
     for name, shape, T, N in (("smollm2-135m 4K / 48, C=4", "smollm2-135m", 4096, 48),
