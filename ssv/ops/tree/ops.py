@@ -44,9 +44,9 @@ def tree_finish(tok, par, score, dlen, T: int, K: int, D: int, order: str, num_w
 
     Returns tokens, parents, scores (float32), depth, pos [T] and the ancestor mask [T, T] bool, in
     the traversal order `order` ("bfs", "dfs" or "pos"). num_warps, bj: the launch (the pool's rank
-    in [BM, bj] tiles). H200, the default tree (`bench/results/round-ops/`): 41 us at 32 warps, 55 at
-    16, 64-66 at 8, 114-126 at 4 (the sm_90 build spills 832 B a thread at 4 warps and bj 32; at 16
-    warps bj 64 took 139 us), against 146 us for the tensor ops it replaces. spares: also the next
+    in [BM, bj] tiles). H100, the default tree (`bench/results/gpu-s48/d/`): 27.0-27.8 us at 32 warps,
+    44.7-45.1 at 16, 51.0-51.1 at 8 (before session 48's stage 2, on the H200, `bench/results/round-ops/`:
+    41 us at 32 warps, 114-126 at 4, against 146 us for the tensor ops it replaces). spares: also the next
     `spares` pool nodes by rank (`ssv.spec.lookup.grow_spares`'s, for a context lookup to displace):
     tokens, parents (a flattened position, or T + i for spare i), scores (float32), depth [spares],
     returned after the six."""
