@@ -122,6 +122,46 @@ def test_verify_matches_reference(case, gating, dtype, path):
         assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
 
 
+FOLD_CASES = [  # VERIFY_CASES' fields, then the KV splits: the folded merge's chunks of SC splits (the
+    # [SC, BM, D] tile kept to 8K values), the last chunk partial, some splits with no item
+    (0, 150, 7, 2, 3, 16, 4, False, {}, 11),               # BM = 16, D = 16: SC = 8, chunks 8 + 3
+    (1, 150, 7, 2, 3, 16, 2, True, {}, 9),                 # approximate, BM = 8: 8 + 1
+    (20, 200, 12, 1, 4, 128, 4, False, {}, 10),            # BM = 16, D = 128: SC = 4, chunks 4 + 4 + 2
+    (7, 97, 16, 2, 5, 64, 16, False, dict(forced_first=False, forced_local=1), 5),  # BM = 128, D = 64: SC = 1
+]
+
+
+@pytest.mark.parametrize("gating", ["union", "gated"])
+@pytest.mark.parametrize("fold_case", FOLD_CASES)
+def test_folded_merge_of_many_splits(fold_case, gating):
+    """One program merging 9-17 KV splits (several chunks of splits, some splits with no item) gives the
+    reference's output and log-sum-exps, and the combine launch's, into NaN-poisoned outputs."""
+    seed, P, N, hkv, G, D, C, approx, over, n_split = fold_case
+    dtype = DTYPES[0]
+    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
+    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    idx = ref.block_indices
+    if approx:
+        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates,
+                        block_indices=idx[torch.arange(N) // C * C])
+    gated = gating == "gated"
+    outs = []
+    for fold in (True, False):
+        out = torch.full_like(q, float("nan")).to(DEV)
+        outs.append(nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                               cfg.slc_block, cfg.window, group_size=C, approx=approx,
+                               gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
+                               out=out, n_split=n_split, fold=fold))
+    (o, lse_a, lse_b), (o_c, lse_ca, lse_cb) = outs
+    assert rel_err(o, ref.o) < tol(dtype)
+    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(dtype))
+    if gated:
+        assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
+    assert rel_err(o, o_c) < tol(dtype)
+    assert_lse(lse_a, lse_ca.float().cpu(), 50 * tol(dtype))
+
+
 def _disjoint(idx):
     """Every query of a group selects blocks no other query of it selects: the union is C*n entries."""
     n_q, hkv, n = idx.shape
