@@ -17,8 +17,7 @@ unpack_pkgs() {  # $1 a staged .tar.xz of package folders, $2.. their names: eac
 }
 
 e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an empty directory with its own
-    # package, after assembling the GGUF (its last part carried by this call, the others by q1..q3);
-    # E2E_PATCH_<who>: launch-policy constants patched first for that one (scripts/patched.py)
+    # package, after assembling the GGUF (its last part carried by this call, the others by q1..q3)
     bash scripts/train_draft_gpu.sh receive 4 >/dev/null
     bash scripts/train_draft_gpu.sh assemble || exit 1
     local who pp c
@@ -27,12 +26,11 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
     [ -n "${E2E_MODES:-}" ] && { MODES_E2E=(); for m in $E2E_MODES; do MODES_E2E+=("${m//_/ }"); done; }
     for who in "$@"; do
         read -r pp c <<< "$(pkg $who)"
-        local pv=E2E_PATCH_$who
         [ -d $pp/ssv ] || { echo "no $pp: send b first"; exit 2; }
         mkdir -p /tmp/cwd-$who
         (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
          PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
-            python3 "$R/scripts/patched.py" ${!pv:-} -- bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
+            python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
             --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
             --modes "${MODES_E2E[@]}" \
             --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)

@@ -6,8 +6,7 @@
 #      shape at 64K) of base49 and head, each at the policy's FOLD_MAX_SPLITS (2: the combine launch past 2
 #      splits) and at 32 (every split launch folded), interleaved; the folded merge's CUDA tests at head
 #   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"]; ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
-#       ".stage/draft/gguf.parts", ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base49 head";
-#       E2E_PATCH_<who> patches a policy constant for one of them, gpu_pkgs.sh)
+#       ".stage/draft/gguf.parts", ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base49 head")
 # SSV_COMMIT names the working tree's commit, BASE_COMMIT base49's (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 pkg() {  # $1 who -> "package-root commit"
@@ -33,5 +32,5 @@ f)
         2>&1 | tail -4 | tee "$OUTD/tests-fold-head.log"
     ;;
 q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
-ab) e2e_pkgs ${WHO:-base49 head} ;;   # E2E_PATCH_head=ssv.ops.nsa.verify_policy.FOLD_MAX_SPLITS=32: head folded
+ab) e2e_pkgs ${WHO:-base49 head} ;;
 esac

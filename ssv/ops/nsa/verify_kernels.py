@@ -58,6 +58,17 @@ def _item(it, p_it, o_qb, o_t0, o_d, b_q, b_pos, kbase, vbase, k_desc, v_desc, i
 
 
 @triton.jit
+def _combine(b_m, b_l, b_acc, b_ms, b_ls, b_as):
+    # two softmax states (max or any reference, sum, acc; base-2) of the same rows merged into one;
+    # empty states are (-inf, 0, 0)
+    b_mn = tl.maximum(b_m, b_ms)
+    b_mx = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_alpha = tl.exp2(b_m - b_mx)
+    b_beta = tl.exp2(b_ms - b_mx)
+    return b_mn, b_l * b_alpha + b_ls * b_beta, b_acc * b_alpha[:, None] + b_as * b_beta[:, None]
+
+
+@triton.jit
 def _or(a, b):
     return a | b
 
@@ -324,29 +335,16 @@ def nsa_verify_fwd_kernel(
 
 @triton.jit
 def _gather(ws_m, ws_l, ws_a, p_w, m_r, o_d, s_split, NSPLIT, BM: tl.constexpr, D: tl.constexpr):
-    # the KV splits' partial states of BM rows (slots p_w [BM], one split every s_split slots) merged,
-    # SC splits' loads at a time: a split at a time waited an L2 round trip each, which made one
-    # program merging 8-16 splits dearer than a second launch. SC keeps the [SC, BM, D] tile to
-    # 8K values (64 registers a thread at 4 warps).
-    SC: tl.constexpr = 4 if BM * D <= 1024 else (4096 // (BM * D) if BM * D < 4096 else 1)
+    # the KV splits' partial states of BM rows (slots p_w [BM], one split every s_split slots) merged
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_a = tl.zeros([BM, D], tl.float32)
-    for k0 in range(0, NSPLIT, SC):
-        o_s = k0 + tl.arange(0, SC)
-        m_s = (o_s < NSPLIT)[:, None] & m_r[None, :]                                     # [SC, BM]
-        p_s = p_w[None, :] + o_s[:, None] * s_split
-        b_ms = tl.load(ws_m + p_s, mask=m_s, other=float("-inf"), cache_modifier=".cg")
-        b_ls = tl.load(ws_l + p_s, mask=m_s, other=0.0, cache_modifier=".cg")
-        b_as = tl.load(ws_a + p_s[:, :, None] * D + o_d[None, None, :], mask=m_s[:, :, None], other=0.0,
-                       cache_modifier=".cg")                                            # [SC, BM, D]
-        b_mn = tl.maximum(b_m, tl.max(b_ms, 0))
-        b_mx = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_alpha = tl.exp2(b_m - b_mx)
-        b_w = tl.exp2(b_ms - b_mx[None, :])                                              # [SC, BM]
-        b_l = b_l * b_alpha + tl.sum(b_w * b_ls, 0)
-        b_a = b_a * b_alpha[:, None] + tl.sum(b_w[:, :, None] * b_as, 0)
-        b_m = b_mn
+    for i_k in range(NSPLIT):
+        p_s = p_w + i_k * s_split
+        b_ms = tl.load(ws_m + p_s, mask=m_r, other=float("-inf"), cache_modifier=".cg")
+        b_ls = tl.load(ws_l + p_s, mask=m_r, other=0.0, cache_modifier=".cg")
+        b_as = tl.load(ws_a + p_s[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0, cache_modifier=".cg")
+        b_m, b_l, b_a = _combine(b_m, b_l, b_a, b_ms, b_ls, b_as)
     return b_m, b_l, b_a
 
 
