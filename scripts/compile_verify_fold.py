@@ -1,7 +1,7 @@
-"""Registers, stack and SASS size of the verify launch's folded form (FOLD: the last KV split merges
+"""Registers, stack and shared memory of the verify launch's folded form (FOLD: the last KV split merges
 them all) against its combine form, compiled for sm_90 here, at the default model's 4K / 48 and AR
-(one query) and the Llama shape's 64K / 64: whether the folded merge's chunked gather costs
-registers (a lead for a device A/B, not a timing).
+(one query) and the Llama shape's 64K / 64: whether a change to the folded merge costs registers (a
+lead for a device A/B, not a timing; session 49's chunked gather took ~196 -> ~250, bench/NOTES.md).
     python scripts/compile_verify_fold.py
 """
 import os
@@ -26,8 +26,7 @@ def main():
             seen.add(key)
             sig, const, stages = C.compile_args(fn, args, const)
             for fold in (False, True):
-                cc, (reg, stack, shared) = compile_sm90(fn, sig, {**const, "SPLIT": True, "FOLD": fold}, warps, stages)
-                sass = sum(1 for ln in cc.asm.get("sass", "").splitlines() if ln.strip().startswith("/*"))
+                _, (reg, stack, shared) = compile_sm90(fn, sig, {**const, "SPLIT": True, "FOLD": fold}, warps, stages)
                 print(f"{shape:13s} {T:6d} {N:3d} C={const['C']:2d} approx={int(const['APPROX'])} BM={const['BM']:3d} "
                       f"fold={int(fold)}: {reg} registers, {stack} B stack, {shared} B shared")
 

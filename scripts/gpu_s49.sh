@@ -5,7 +5,8 @@
 #   f: carry [".whl", ".stage/pk49.tar.xz"]  step tables (random weights; the default model at 4K, then the Llama
 #      shape at 64K) of base49 and head, each at the policy's FOLD_MAX_SPLITS (2: the combine launch past 2
 #      splits) and at 32 (every split launch folded), interleaved; the folded merge's CUDA tests at head
-#   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"]; ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
+#   q0, q1, q2, q3: carry [".stage/draft/gguf.partN"] (q0 on a fresh machine: ".whl" too, which ab has no room
+#       for; session 49's ab failed on it); ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
 #       ".stage/draft/gguf.parts", ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K for WHO (default "base49 head")
 # SSV_COMMIT names the working tree's commit, BASE_COMMIT base49's (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
