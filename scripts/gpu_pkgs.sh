@@ -20,6 +20,7 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
     # package, after assembling the GGUF (its last part carried by this call, the others by q1..q3)
     bash scripts/train_draft_gpu.sh receive 4 >/dev/null
     bash scripts/train_draft_gpu.sh assemble || exit 1
+    python3 -c "import gguf" 2>/dev/null || { echo "no gguf module: carry .whl on this chain's first call"; exit 2; }
     local who pp c
     # E2E_MODES: the modes, space-separated, with '_' for a space inside a mode's name
     local MODES_E2E=(ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup")
