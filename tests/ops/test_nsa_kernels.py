@@ -87,6 +87,37 @@ PATHS = {  # nsa_verify options beyond the defaults; each case runs all four
 }
 
 
+def _verify_case(case, gating, dtype, chain=False):
+    """The case's inputs, the fp32 reference (approximate mode: each group's first query's selection) and a
+    launcher of nsa_verify over them into NaN-poisoned outputs: run(**opts) -> (o, lse_a, lse_b, out)."""
+    seed, P, N, hkv, G, D, C, approx, over = case
+    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
+    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=chain)
+    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
+    idx = ref.block_indices
+    if approx:
+        rep = torch.arange(N) // C * C
+        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx[rep])
+    gated = gating == "gated"
+
+    def run(**opts):
+        out = torch.full_like(q, float("nan")).to(DEV)
+        o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
+                                     cfg.slc_block, cfg.window, group_size=C, approx=approx,
+                                     gates=gates.to(DEV) if gated else None,
+                                     o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, **opts)
+        return o, lse_a, lse_b, out
+    return ref, run
+
+
+def _assert_matches_reference(o, lse_a, lse_b, ref, gated, dtype):
+    assert rel_err(o, ref.o) < tol(dtype)
+    want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)
+    assert_lse(lse_a, want_a, 50 * tol(dtype))
+    if gated:
+        assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gating", ["union", "gated"])
@@ -97,29 +128,13 @@ def test_verify_matches_reference(case, gating, dtype, path):
     outputs."""
     if dtype == torch.float16 and path != "default":
         pytest.skip("on the GPU the non-default paths are checked in bf16 only (compile time)")
-    seed, P, N, hkv, G, D, C, approx, over = case
-    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
-    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg, chain=(seed == 6))
     opts = dict(PATHS[path])
     if opts.get("lazy") == "other":
-        opts["lazy"] = approx
-    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
-    idx = ref.block_indices
-    if approx:
-        rep = torch.arange(N) // C * C
-        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates, block_indices=idx[rep])
-    out = torch.full_like(q, float("nan")).to(DEV)
-    gated = gating == "gated"
-    o, lse_a, lse_b = nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                                 cfg.slc_block, cfg.window, group_size=C, approx=approx,
-                                 gates=gates.to(DEV) if gated else None,
-                                 o_cmp=ref.o_cmp.to(DEV) if gated else None, out=out, **opts)
+        opts["lazy"] = case[7]   # approx
+    ref, run = _verify_case(case, gating, dtype, chain=(case[0] == 6))
+    o, lse_a, lse_b, out = run(**opts)
     assert o.data_ptr() == out.data_ptr()
-    assert rel_err(o, ref.o) < tol(dtype)
-    want_a = ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win)
-    assert_lse(lse_a, want_a, 50 * tol(dtype))
-    if gated:
-        assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
+    _assert_matches_reference(o, lse_a, lse_b, ref, gating == "gated", dtype)
 
 
 FOLD_CASES = [  # VERIFY_CASES' fields, then the KV splits, which one program merges (more splits than a
@@ -136,28 +151,11 @@ FOLD_CASES = [  # VERIFY_CASES' fields, then the KV splits, which one program me
 def test_folded_merge_of_many_splits(fold_case, gating):
     """One program merging 5-11 KV splits (some with no item) gives the reference's output and
     log-sum-exps, and the combine launch's, into NaN-poisoned outputs."""
-    seed, P, N, hkv, G, D, C, approx, over, n_split = fold_case
     dtype = DTYPES[0]
-    cfg = NSAConfig(**{**CFG, **over, "gating": gating})
-    q, k, v, pos, mask, gates = make_case(seed, P, N, hkv, G, D, dtype, cfg)
-    ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates)
-    idx = ref.block_indices
-    if approx:
-        ref = nsa_naive(q.float(), k.float(), v.float(), P, pos, mask, cfg, gates=gates,
-                        block_indices=idx[torch.arange(N) // C * C])
-    gated = gating == "gated"
-    outs = []
-    for fold in (True, False):
-        out = torch.full_like(q, float("nan")).to(DEV)
-        outs.append(nsa_verify(q.to(DEV), k.to(DEV), v.to(DEV), P, pos.to(DEV), mask.to(DEV), idx.to(DEV),
-                               cfg.slc_block, cfg.window, group_size=C, approx=approx,
-                               gates=gates.to(DEV) if gated else None, o_cmp=ref.o_cmp.to(DEV) if gated else None,
-                               out=out, n_split=n_split, fold=fold))
-    (o, lse_a, lse_b), (o_c, lse_ca, lse_cb) = outs
-    assert rel_err(o, ref.o) < tol(dtype)
-    assert_lse(lse_a, ref.lse_slc if gated else torch.logaddexp(ref.lse_slc, ref.lse_win), 50 * tol(dtype))
-    if gated:
-        assert_lse(lse_b, ref.lse_win, 50 * tol(dtype))
+    ref, run = _verify_case(fold_case[:-1], gating, dtype)
+    o, lse_a, lse_b, _ = run(n_split=fold_case[-1], fold=True)
+    o_c, lse_ca, _, _ = run(n_split=fold_case[-1], fold=False)
+    _assert_matches_reference(o, lse_a, lse_b, ref, gating == "gated", dtype)
     assert rel_err(o, o_c) < tol(dtype)
     assert_lse(lse_a, lse_ca.float().cpu(), 50 * tol(dtype))
 
