@@ -1,42 +1,86 @@
-"""Probe: the dense AR step's attention (one query over the whole prefix on the verify kernel, as
-`KernelDensePlan` runs it) at the Llama-3.1-8B shape, against its K/V bytes at the copy bandwidth:
-group sizes and KV split counts side by side, CUDA-graph replays. Usage: python3 scripts/probe_dense.py OUT.json
-(env PROBE_NS, PROBE_CS, PROBE_SPLITS narrow the sweep: "48", "8 4 2", "None 16")"""
+"""Probe: dense attention on the NSA verify kernel's window form (what `KernelDensePlan` ran before
+`ssv/ops/dense`) against `dense_verify`, CUDA-graph replays, one process. Per (shape, context, N): us,
+the K/V bytes floor at the copy bandwidth, achieved TB/s and TFLOP/s, and the largest relative error of
+the new output against the old. Then whole steps at the Llama shape (random weights, the step table's
+helpers): the dense AR step and the dense 48-node verify pass with each kernel.
+Usage: python3 scripts/probe_dense.py OUT.json  (env PROBE_STEPS="" skips the steps; PROBE_SPLITS "None 16")"""
 import json, os, sys, torch
 sys.path.insert(0, ".")
+import ssv.attention_device as ad
 from ssv.bench.e2e_steps import time_graph
 from ssv.bench.kernels import copy_bandwidth
+from ssv.ops.dense import dense_verify
 from ssv.ops.nsa.verify import nsa_verify, num_counters
 
-hq, hkv, d = 32, 8, 128
 bw = copy_bandwidth()
-rows = []
-for ctx in (8192, 65536, 131072):
-    cap = ctx + 256
-    k = torch.randn(hkv, cap, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)
-    ns = [int(x) for x in os.environ.get("PROBE_NS", "1 48").split()]
-    cs = [int(x) for x in os.environ["PROBE_CS"].split()] if "PROBE_CS" in os.environ else None
-    splits = [None if x == "None" else int(x) for x in os.environ.get("PROBE_SPLITS", "None 16 32 64 128").split()]
-    for n in ns:
-        q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
-        pos = torch.arange(ctx, ctx + n, device="cuda")
-        tm = torch.tril(torch.ones(n, n, device="cuda", dtype=torch.uint8))
-        none = torch.full((n, hkv, 1), -1, device="cuda", dtype=torch.int32)
-        floor = 2 * hkv * ctx * d * 2 / bw / 1e9 * 1e3
-        for C in (cs or ((16, 4, 1) if n == 1 else (16, 8))):
-            for S in splits:
-                cnt = torch.zeros(num_counters(n, hq, hkv, C), device="cuda", dtype=torch.int32)
+out = {"copy_tbps": bw, "device": torch.cuda.get_device_name(), "rows": [], "steps": []}
+save = lambda: json.dump(out, open(sys.argv[1], "w"), indent=1)  # noqa: E731
+SHAPES = {"llama3.1-8b": (32, 8, 128, (8192, 65536, 131072)), "smollm2-135m": (9, 3, 64, (4096, 8192))}
+splits = [None if x == "None" else int(x) for x in os.environ.get("PROBE_SPLITS", "None 16 32 64").split()]
+for shape, (hq, hkv, d, ctxs) in SHAPES.items():
+    for ctx in ctxs:
+        cap = ctx + 256
+        k = torch.randn(hkv, cap, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        plen = torch.tensor([ctx], device="cuda", dtype=torch.int32)
+        for n in (1, 48):
+            q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16)
+            pos = torch.arange(ctx, ctx + n, device="cuda")
+            tm = torch.tril(torch.ones(n, n, device="cuda", dtype=torch.uint8))
+            none = torch.full((n, hkv, 1), -1, device="cuda", dtype=torch.int32)
+            kv = 2 * hkv * (ctx + n) * d * 2
+            flop = 4 * n * hq * (ctx + n) * d
+            C = 1 if n == 1 else 8
+            cnt = torch.zeros(num_counters(n, hq, hkv, C), device="cuda", dtype=torch.int32)
+            old = lambda: nsa_verify(q, k, v, plen, pos, tm, none, 64, cap, group_size=C, counters=cnt)[0]  # noqa: E731
+            o_old = old().float()
+            forms = [("nsa verify window C%d" % C, old, None)]
+            forms += [("dense_verify S=%s" % S, (lambda S=S: dense_verify(q, k, v, plen, tm, n_split=S)), S) for S in splits]
+            for name, f, S in forms:
                 try:
-                    f = lambda: nsa_verify(q, k, v, plen, pos, tm, none, 64, cap, group_size=C, n_split=S, counters=cnt)
-                    o = f()[0]
+                    err = ((f().float() - o_old).norm() / o_old.norm()).item()
                     us = time_graph(f, reps=30) * 1e3
                 except Exception as e:  # noqa: BLE001
-                    print(ctx, n, C, S, type(e).__name__, str(e)[:200], flush=True)
+                    print(shape, ctx, n, name, type(e).__name__, str(e)[:200], flush=True)
                     continue
-                row = {"context": ctx, "n": n, "group_size": C, "n_split": S, "us": us, "floor_us": floor,
-                       "tbps": 2 * hkv * ctx * d * 2 / (us * 1e-6) / 1e12}
-                rows.append(row)
-                print(f"ctx {ctx:6d} n {n:2d} C {C:2d} S {str(S):4s} {us:8.1f} us  floor {floor:6.1f}  {row['tbps']:.2f} TB/s", flush=True)
-                json.dump({"copy_tbps": bw, "rows": rows}, open(sys.argv[1], "w"), indent=1)
+                row = dict(shape=shape, context=ctx, n=n, form=name, us=us, floor_us=kv / bw / 1e3,
+                           tbps=kv / us / 1e6, tflops=flop / us / 1e6, rel_err_vs_old=err)
+                out["rows"].append(row)
+                print(f"{shape:12s} {ctx:6d} n {n:2d} {name:24s} {us:8.1f} us  floor {row['floor_us']:7.1f}  "
+                      f"{row['tbps']:.2f} TB/s  {row['tflops']:6.1f} TFLOP/s  err {err:.1e}", flush=True)
+                save()
+if os.environ.get("PROBE_STEPS", "1"):
+    from ssv.bench.e2e_steps import LLAMA8B, fill_cache, random_model, synthetic_tree
+    from ssv.attention import VerifyOptions
+    from ssv.attention_device import device_plan
+    from ssv.engine.device_round import DeviceEngine
+    from ssv.engine.runner import Runner
+    cfg = LLAMA8B
+    model = random_model(cfg)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for ctx in (8192, 65536, 131072):
+            depth, mask = synthetic_tree(48, torch.Generator().manual_seed(ctx), "cuda")
+            tokens = torch.randint(0, cfg.vocab_size, (48,), device="cuda")
+            runner = Runner(model, attention="dense", max_len=ctx + 256)
+            fill_cache(runner, ctx, gen)
+            dlen0 = runner.cache.dlen.clone()
+            for min_n, label in ((129, "nsa verify window"), (2, "dense_verify"), (1, "dense_verify (AR too)")):
+                ad.DENSE_KERNEL_MIN_N = min_n
+                eng = DeviceEngine(runner)
+                reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731
+                ar = time_graph(eng._ar_body, before=reset)
+                reset()
+                plan = device_plan("dense", runner.nsa, VerifyOptions(), 48, runner.cache, cfg.n_heads, True)
+
+                def verify(plan=plan):
+                    p = runner.cache.dlen.long() + depth
+                    plan.plan(runner.cache.dlen, p, mask)
+                    model(tokens, p, plan, runner.cache)
+                vf = time_graph(verify)
+                out["steps"].append(dict(shape="llama3.1-8b", context=ctx, kernel=label, ar_dense_ms=ar, verify_dense_ms=vf))
+                print(f"llama {ctx:6d} {label:22s} ar dense {ar:7.3f} ms  verify dense {vf:7.3f} ms", flush=True)
+                save()
+                del eng
+            del runner
+            torch.cuda.empty_cache()

@@ -1,0 +1,43 @@
+"""Launch policy of dense tree verification: row tiles, key tiles, KV splits, warps and stages.
+
+Decided from shapes and the cache's capacity only (never the prefix length of a step), so a captured
+graph replays the same launches at any length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import triton
+
+from ssv.ops.utils import pow2
+
+MAX_ROWS = 64      # (query, head) rows of one program's tile
+MAX_SPLITS = 64    # prefix splits (the step's own tokens take one more)
+WAVES = 2          # programs of the prefix splits: about this many per SM
+
+
+@dataclass(frozen=True)
+class DenseLaunch:
+    bm: int        # rows of a tile
+    bn: int        # prefix keys of a tile
+    bt: int        # the step's tokens' tile (a power of two >= N)
+    n_tiles: int   # row tiles of a KV head
+    n_split: int   # prefix splits
+    num_warps: int
+    num_stages: int
+
+
+def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_split: Optional[int] = None,
+               max_rows: int = MAX_ROWS) -> tuple:
+    """(DenseLaunch, grid) for N queries of Hq heads over Hkv KV heads, a prefix of at most `capacity` keys."""
+    rows = n * (hq // hkv)
+    bm = min(pow2(rows), pow2(max_rows))
+    n_tiles = triton.cdiv(rows, bm)
+    bn = 64 if d >= 128 else 128
+    tiles = max(1, triton.cdiv(max(capacity, 1), bn))
+    if n_split is None:
+        n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv)))
+    n_split = max(1, min(int(n_split), tiles))
+    lp = DenseLaunch(bm, bn, pow2(n), n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
+    return lp, (n_tiles, hkv, n_split + 1)
