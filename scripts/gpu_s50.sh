@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 50's device calls: dense tree verification on its own kernel (ssv/ops/dense) against the NSA verify
+# kernel's window form that KernelDensePlan ran before (`ssv.attention_device.DENSE_KERNEL_MIN_N=129` restores it).
+#   a: carry [".whl"]  the CUDA tests of the new kernel and the dense kernel round; scripts/probe_dense.py (the
+#      attention alone at the Llama and default shapes, then the Llama dense AR step and verify pass)
+#   q0..q3: carry [".stage/draft/gguf.partN"]; ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
+#      ".stage/draft/gguf.parts", ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, old then new then old again
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
+trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
+e2e_min_n() {  # $1 DENSE_KERNEL_MIN_N, $2 out folder
+    mkdir -p /tmp/cwd-$2 && (cd /tmp/cwd-$2 && SSV_COMMIT=${SSV_COMMIT:-head} timeout 200 \
+        python3 "$R/scripts/patched.py" ssv.attention_device.DENSE_KERNEL_MIN_N=$1 -- bench e2e \
+        --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" --contexts ${CONTEXTS:-4096} \
+        --families code prose chat --docs 1 --new-tokens 128 --modes ar-nsa "ar dense" "eagle3 dense" \
+        "eagle3 dense lookup" --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -16)
+}
+case "${1:?call}" in
+a)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_verify.py \
+        "tests/ops/test_engine_kernels.py::test_kernel_round_emits_reference_ar_tokens" \
+        "tests/ops/test_engine_kernels.py::test_graph_replay_equals_eager_round" 2>&1 | tail -5 | tee "$OUTD/tests-dense.log"
+    timeout 330 python3 scripts/probe_dense.py "$OUTD/probe-dense.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense.txt"
+    ;;
+q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)
+    bash scripts/train_draft_gpu.sh receive 4 >/dev/null
+    bash scripts/train_draft_gpu.sh assemble || exit 1
+    python3 -c "import gguf" 2>/dev/null || { echo "no gguf module: carry .whl on this chain's first call"; exit 2; }
+    e2e_min_n 129 e2e-old; e2e_min_n 2 e2e-new; e2e_min_n 129 e2e-old2; e2e_min_n 2 e2e-new2
+    ;;
+esac
