@@ -3,7 +3,7 @@
 # kernel's window form that KernelDensePlan ran before (`ssv.attention_device.DENSE_KERNEL_MIN_N=129` restores it).
 #   a: carry [".whl"]  the CUDA tests of the new kernel and the dense kernel round; scripts/probe_dense.py (the
 #      attention alone at the Llama and default shapes, then the Llama dense AR step and verify pass)
-#   q0..q3: carry [".stage/draft/gguf.partN"]; ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
+#   q0..q3: q0 also the attention probe again (the split policy's one-wave rule); carry [".stage/draft/gguf.partN"]; ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256",
 #      ".stage/draft/gguf.parts", ".stage/e2e-prompts.json"]  `ssv bench e2e` at 4K, old then new then old again
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
@@ -22,7 +22,12 @@ a)
         "tests/ops/test_engine_kernels.py::test_graph_replay_equals_eager_round" 2>&1 | tail -5 | tee "$OUTD/tests-dense.log"
     timeout 330 python3 scripts/probe_dense.py "$OUTD/probe-dense.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense.txt"
     ;;
-q0|q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+q0)  # after the split policy counts the step's-tokens split (one wave): the attention alone again
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    PROBE_STEPS= PROBE_SPLITS="None 10 16" timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-2.json" 2>&1 \
+        | grep -v -i warn | tee "$OUTD/probe-dense-2.txt"
+    ;;
+q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
     bash scripts/train_draft_gpu.sh receive 4 >/dev/null
     bash scripts/train_draft_gpu.sh assemble || exit 1

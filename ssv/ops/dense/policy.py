@@ -14,7 +14,10 @@ from ssv.ops.utils import pow2
 
 MAX_ROWS = 64      # (query, head) rows of one program's tile
 MAX_SPLITS = 64    # prefix splits (the step's own tokens take one more)
-WAVES = 2          # programs of the prefix splits: about this many per SM
+# programs a launch keeps within WAVES per SM, the step's-tokens split included: 2 fit on an SM (3 stages of 16 KB
+# K and V tiles). One over, a second wave: the default model's 48-node verify at 4K took 19.2 us at 29 + 1
+# splits (270 programs) against 12.2 at 16 + 1 (H100, bench/results/gpu-s50/a/probe-dense.txt)
+WAVES = 2
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_spl
     bn = 64 if d >= 128 else 128
     tiles = max(1, triton.cdiv(max(capacity, 1), bn))
     if n_split is None:
-        n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv)))
+        n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv) - 1))
     n_split = max(1, min(int(n_split), tiles))
     lp = DenseLaunch(bm, bn, pow2(n), n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
     return lp, (n_tiles, hkv, n_split + 1)
