@@ -27,6 +27,7 @@ q0)  # after the split policy counts the step's-tokens split (one wave): the att
     PROBE_STEPS= PROBE_SPLITS="None 10 16" timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-2.json" 2>&1 \
         | grep -v -i warn | tee "$OUTD/probe-dense-2.txt"
     ;;
+w) ;;   # carry [".whl"] alone (the tree and a GGUF part leave no room for it): gpu_pkgs.sh installs it
 q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
     bash scripts/train_draft_gpu.sh receive 4 >/dev/null
