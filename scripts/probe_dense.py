@@ -3,7 +3,8 @@
 the K/V bytes floor at the copy bandwidth, achieved TB/s and TFLOP/s, and the largest relative error of
 the new output against the old. Then whole steps at the Llama shape (random weights, the step table's
 helpers): the dense AR step and the dense 48-node verify pass with each kernel.
-Usage: python3 scripts/probe_dense.py OUT.json  (env PROBE_STEPS="" skips the steps; PROBE_SPLITS "None 16")"""
+Usage: python3 scripts/probe_dense.py OUT.json  (env PROBE_ATTENTION="" skips the attention rows, PROBE_STEPS=""
+the steps; PROBE_SPLITS "None 16"; PROBE_STEP_SHAPES "llama3.1-8b smollm2-135m"; PROBE_STEP_REPS 2)"""
 import json, os, sys, torch
 sys.path.insert(0, ".")
 import ssv.attention_device as ad
@@ -17,7 +18,7 @@ out = {"copy_tbps": bw, "device": torch.cuda.get_device_name(), "rows": [], "ste
 save = lambda: json.dump(out, open(sys.argv[1], "w"), indent=1)  # noqa: E731
 SHAPES = {"llama3.1-8b": (32, 8, 128, (8192, 65536, 131072)), "smollm2-135m": (9, 3, 64, (4096, 8192))}
 splits = [None if x == "None" else int(x) for x in os.environ.get("PROBE_SPLITS", "None 16 32 64").split()]
-for shape, (hq, hkv, d, ctxs) in SHAPES.items():
+for shape, (hq, hkv, d, ctxs) in (SHAPES.items() if os.environ.get("PROBE_ATTENTION", "1") else ()):
     for ctx in ctxs:
         cap = ctx + 256
         k = torch.randn(hkv, cap, d, device="cuda", dtype=torch.bfloat16)
@@ -50,37 +51,49 @@ for shape, (hq, hkv, d, ctxs) in SHAPES.items():
                       f"{row['tbps']:.2f} TB/s  {row['tflops']:6.1f} TFLOP/s  err {err:.1e}", flush=True)
                 save()
 if os.environ.get("PROBE_STEPS", "1"):
-    from ssv.bench.e2e_steps import LLAMA8B, fill_cache, random_model, synthetic_tree
+    import ssv.ops.dense.policy as dp
+    from ssv.bench.e2e_steps import SHAPES as STEP_SHAPES, fill_cache, random_model, synthetic_tree
     from ssv.attention import VerifyOptions
     from ssv.attention_device import device_plan
     from ssv.engine.device_round import DeviceEngine
     from ssv.engine.runner import Runner
-    cfg = LLAMA8B
-    model = random_model(cfg)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    with torch.no_grad():
-        for ctx in (8192, 65536, 131072):
-            depth, mask = synthetic_tree(48, torch.Generator().manual_seed(ctx), "cuda")
-            tokens = torch.randint(0, cfg.vocab_size, (48,), device="cuda")
-            runner = Runner(model, attention="dense", max_len=ctx + 256)
-            fill_cache(runner, ctx, gen)
-            dlen0 = runner.cache.dlen.clone()
-            for min_n, label in ((129, "nsa verify window"), (2, "dense_verify"), (1, "dense_verify (AR too)")):
-                ad.DENSE_KERNEL_MIN_N = min_n
-                eng = DeviceEngine(runner)
-                reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731
-                ar = time_graph(eng._ar_body, before=reset)
-                reset()
-                plan = device_plan("dense", runner.nsa, VerifyOptions(), 48, runner.cache, cfg.n_heads, True)
+    # (DENSE_KERNEL_MIN_N, PREFETCH_TILES, label): the window form, the dense kernel without and with its L2
+    # prefetch, and the dense kernel for the AR step too
+    VARIANTS = ((129, 1, "nsa verify window"), (2, 0, "dense_verify no prefetch"), (2, 1, "dense_verify"),
+                (1, 1, "dense_verify (AR too)"))
+    step_ctx = {"llama3.1-8b": (8192, 65536, 131072), "smollm2-135m": (4096, 8192)}
+    for shape in os.environ.get("PROBE_STEP_SHAPES", "llama3.1-8b").split():
+        cfg = STEP_SHAPES[shape]
+        model = random_model(cfg)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        with torch.no_grad():
+            for ctx in step_ctx[shape]:
+                depth, mask = synthetic_tree(48, torch.Generator().manual_seed(ctx), "cuda")
+                tokens = torch.randint(0, cfg.vocab_size, (48,), device="cuda")
+                runner = Runner(model, attention="dense", max_len=ctx + 256)
+                fill_cache(runner, ctx, gen)
+                dlen0 = runner.cache.dlen.clone()
+                for rep in range(int(os.environ.get("PROBE_STEP_REPS", "1"))):
+                    for min_n, pf, label in VARIANTS:
+                        ad.DENSE_KERNEL_MIN_N, dp.PREFETCH_TILES = min_n, pf
+                        eng = DeviceEngine(runner)
+                        reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731
+                        ar = time_graph(eng._ar_body, before=reset)
+                        reset()
+                        plan = device_plan("dense", runner.nsa, VerifyOptions(), 48, runner.cache, cfg.n_heads, True)
 
-                def verify(plan=plan):
-                    p = runner.cache.dlen.long() + depth
-                    plan.plan(runner.cache.dlen, p, mask)
-                    model(tokens, p, plan, runner.cache)
-                vf = time_graph(verify)
-                out["steps"].append(dict(shape="llama3.1-8b", context=ctx, kernel=label, ar_dense_ms=ar, verify_dense_ms=vf))
-                print(f"llama {ctx:6d} {label:22s} ar dense {ar:7.3f} ms  verify dense {vf:7.3f} ms", flush=True)
-                save()
-                del eng
-            del runner
-            torch.cuda.empty_cache()
+                        def verify(plan=plan):
+                            p = runner.cache.dlen.long() + depth
+                            plan.plan(runner.cache.dlen, p, mask)
+                            model(tokens, p, plan, runner.cache)
+                        vf = time_graph(verify)
+                        out["steps"].append(dict(shape=shape, context=ctx, kernel=label, rep=rep, ar_dense_ms=ar,
+                                                 verify_dense_ms=vf))
+                        print(f"{shape:12s} {ctx:6d} {label:26s} ar dense {ar:7.3f} ms  verify dense {vf:7.3f} ms",
+                              flush=True)
+                        save()
+                        del eng
+                del runner
+                torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()

@@ -73,22 +73,28 @@ def l2_prefetch_rows(p_rows, K: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def l2_prefetch_tail(base, end_ptr, n_rows, s_row, part, parts, D: tl.constexpr, PDL: tl.constexpr):
-    # the last n_rows rows before row *end_ptr (rows [max(end - n_rows, 0), end)) of a matrix with D
-    # contiguous elements a row (stride s_row) into L2: this program's share (part of parts, 16 rows
-    # at a time), one prefetch a 128-byte line. end_ptr is device state no kernel of the step writes
-    # (a length), loaded only to form addresses: a stale value could cost a miss, never a result, and
-    # n_rows bounds the loop whatever it reads
+def l2_prefetch_span(base, lo, hi, s_row, part, parts, D: tl.constexpr, PDL: tl.constexpr):
+    # rows [lo, hi) of a matrix with D contiguous elements a row (stride s_row) into L2: this program's
+    # share (part of parts, 16 rows at a time), one prefetch a 128-byte line. lo / hi form addresses
+    # only (from a length read before the PDL wait: a stale one could cost a miss, never a result)
     if PDL:
         E: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth
         NL: tl.constexpr = (D + E - 1) // E
         NLP: tl.constexpr = 1 if NL <= 1 else (2 if NL <= 2 else (4 if NL <= 4 else 8))
-        end = tl.load(end_ptr).to(tl.int64)
-        lo = tl.maximum(end - n_rows, 0)
         o_l = tl.minimum(tl.arange(0, NLP), NL - 1) * E                                  # [NLP]
-        for r0 in range(lo + part * 16, end, parts * 16):
-            o_t = tl.minimum(r0 + tl.arange(0, 16), end - 1)                               # [16]
+        for r0 in range(lo + part * 16, hi, parts * 16):
+            o_t = tl.minimum(r0 + tl.arange(0, 16), hi - 1)                                # [16]
             _prefetch(base + o_t[:, None] * s_row + o_l[None, :])
+
+
+@triton.jit
+def l2_prefetch_tail(base, end_ptr, n_rows, s_row, part, parts, D: tl.constexpr, PDL: tl.constexpr):
+    # the last n_rows rows before row *end_ptr (rows [max(end - n_rows, 0), end)): `l2_prefetch_span`.
+    # end_ptr is device state no kernel of the step writes (a length), loaded only to form addresses,
+    # and n_rows bounds the loop whatever it reads
+    if PDL:
+        end = tl.load(end_ptr).to(tl.int64)
+        l2_prefetch_span(base, tl.maximum(end - n_rows, 0), end, s_row, part, parts, D, PDL)
 
 
 def pdl_args(device: torch.device) -> dict:

@@ -30,14 +30,15 @@ def test_route_and_verify_launches_compile_for_sm90():
     # every case launched its kernels: score + imp + top-n (two sweeps) or score + merge (one), and
     # the verify forms (strict C = 1 / 4, approximate C = 16, the dense plan's, the split combine)
     kernels = {x.split()[3] for x in lines}
-    assert kernels == {"route_score", "route_imp", "route_topk", "route_merge_topk", "verify", "verify_combine"}
+    assert kernels == {"route_score", "route_imp", "route_topk", "route_merge_topk", "verify", "verify_combine",
+                       "dense_verify", "dense_verify_combine"}
     assert len(lines) >= 25 and sum(x.split()[3] == "verify" for x in lines) >= 10
     # the KV the verify and score launches read first (the window; the compressed keys) is prefetched
     # into L2 before their PDL wait, and nowhere after it (ssv/ops/pdl.py)
     assert not any("AFTER" in x for x in lines)
     for x in lines:
         n_pf = int(x.split(" prefetch ")[1].split()[0])
-        assert (n_pf > 0) == (x.split()[3] in ("verify", "route_score")), x
+        assert (n_pf > 0) == (x.split()[3] in ("verify", "route_score", "dense_verify")), x
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton's bundled ptxas is not installed")

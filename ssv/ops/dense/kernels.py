@@ -11,7 +11,7 @@ query). Splits 0..NS-1 take equal ranges of the prefix [0, P); split NS takes th
 import triton
 import triton.language as tl
 
-from ssv.ops.pdl import pdl_prologue
+from ssv.ops.pdl import l2_prefetch_span, pdl_prologue
 
 
 @triton.jit
@@ -28,20 +28,45 @@ def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
 
 
 @triton.jit
+def _split_range(P, i_s, NS, BN: tl.constexpr):
+    # prefix split i_s of NS: whole BN-key tiles, [lo, hi) (empty past the prefix)
+    KPS = tl.cdiv(tl.cdiv(tl.maximum(P, 1), NS), BN) * BN
+    lo = i_s * KPS
+    return lo, tl.minimum(lo + KPS, P)
+
+
+@triton.jit
+def _l2_prefetch_split(kbase, vbase, plen, i_s, NS, part, parts, s_kt, BN: tl.constexpr, D: tl.constexpr,
+                       PF: tl.constexpr, PDL: tl.constexpr):
+    # under PDL, before the wait: the first PF keys and values of prefix split i_s into L2 while the previous
+    # kernel runs (the row tiles of a (head, split), part of parts, share them out). The length read here
+    # forms addresses only (no kernel of the step writes it; a stale one could cost a miss, never a result)
+    if PDL:
+        if PF > 0 and i_s < NS:
+            lo, hi = _split_range(tl.load(plen), i_s, NS, BN)
+            l2_prefetch_span(kbase, lo, tl.minimum(lo + PF, hi), s_kt, part, parts, D, PDL)
+            l2_prefetch_span(vbase, lo, tl.minimum(lo + PF, hi), s_kt, part, parts, D, PDL)
+
+
+@triton.jit
 def dense_verify_fwd_kernel(
     q, k, v, kd, vd, plen, tm, ws_m, ws_l, ws_a,
     N, qk_scale, s_qn, s_qh, s_kh, s_kt, s_tm, HQ,
     G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, PF: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # grid (row tiles of BM (query, head) rows, Hkv, NS + 1). qk_scale folds log2(e): base-2 scores.
     # The split ranges come from the prefix length in device memory, so the grid is the cache
     # capacity's and a captured graph replays at any length; splits past the prefix store empty states
-    pdl_prologue(PDL)
     i_r, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NS = tl.num_programs(2) - 1
+    kbase = k + i_h.to(tl.int64) * s_kh
+    vbase = v + i_h.to(tl.int64) * s_kh
+    _l2_prefetch_split(kbase, vbase, plen, i_s, NS, i_r, tl.num_programs(0), s_kt, BN, D, PF, PDL)
+    pdl_prologue(PDL)
     P = tl.load(plen)
+    lo, hi = _split_range(P, i_s, NS, BN)
     o_r = i_r * BM + tl.arange(0, BM)
     o_i = o_r // G                                   # query
     o_hq = i_h * G + o_r % G                         # its head
@@ -52,12 +77,7 @@ def dense_verify_fwd_kernel(
     b_m = tl.full([BM], float("-inf"), tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     b_acc = tl.zeros([BM, D], tl.float32)
-    kbase = k + i_h.to(tl.int64) * s_kh
-    vbase = v + i_h.to(tl.int64) * s_kh
     if i_s < NS:
-        KPS = tl.cdiv(tl.cdiv(tl.maximum(P, 1), NS), BN) * BN
-        lo = i_s * KPS
-        hi = tl.minimum(lo + KPS, P)
         for t0 in range(lo, hi, BN):
             o_t = t0 + tl.arange(0, BN)
             m_t = o_t < hi

@@ -18,6 +18,8 @@ MAX_SPLITS = 64    # prefix splits (the step's own tokens take one more)
 # K and V tiles). One over, a second wave: the default model's 48-node verify at 4K took 19.2 us at 29 + 1
 # splits (270 programs) against 12.2 at 16 + 1 (H100, bench/results/gpu-s50/a/probe-dense.txt)
 WAVES = 2
+# key tiles of its split each program pulls into L2 before the PDL wait (0: none)
+PREFETCH_TILES = 1
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class DenseLaunch:
     bm: int        # rows of a tile
     bn: int        # prefix keys of a tile
     bt: int        # the step's tokens' tile (a power of two >= N)
+    pf: int        # keys (and values) of its split a program prefetches into L2 under PDL
     n_tiles: int   # row tiles of a KV head
     n_split: int   # prefix splits
     num_warps: int
@@ -42,5 +45,5 @@ def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_spl
     if n_split is None:
         n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv) - 1))
     n_split = max(1, min(int(n_split), tiles))
-    lp = DenseLaunch(bm, bn, pow2(n), n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
+    lp = DenseLaunch(bm, bn, pow2(n), PREFETCH_TILES * bn, n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
     return lp, (n_tiles, hkv, n_split + 1)
