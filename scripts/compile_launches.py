@@ -4,9 +4,8 @@ kernels replaced by recorders, and each recorded launch (its arguments' types, i
 warps; PDL on and tensor descriptors on, as on Hopper) is compiled. A layout Triton cannot lower for
 one shape fails here before any device time is spent: session 37 found the transposed importance
 sweep (7085361) failing to compile at BM = 16 (the AR step at Llama 64K) only on an H100.
-The verify launches: strict C = 1 and 4, approximate C = 16 and the dense plan's AR form (a window over
-the whole cache, C = 1), with and without a KV-split combine launch; the dense plan's tree form
-(`ssv.ops.dense.dense_verify` and its merge).
+The verify launches: strict C = 1 and 4, approximate C = 16, with and without a KV-split combine launch;
+the dense plan's (`ssv.ops.dense.dense_verify` and its merge).
 Not covered: miscompiles (code that builds and computes wrong: session 38's one-warp top-n tail; the
 GPU tests find those). Prints one line a launch; exits 1 on a failure. tests/ops/test_compile_launches.py
 runs it.
@@ -37,7 +36,7 @@ CASES = [("llama3.1-8b", 65536, 1), ("llama3.1-8b", 65536, 48), ("llama3.1-8b", 
 QUICK = [0, 1, 4]
 KERNELS = ("nsa_route_score_fwd_kernel", "nsa_route_imp_fwd_kernel", "nsa_route_topk_fwd_kernel",
            "nsa_route_merge_topk_fwd_kernel")
-SHOWN = ("C", "BM", "BS", "APPROX", "SPLIT", "FOLD", "BJ", "BT")   # the constexprs a line shows
+SHOWN = ("C", "BM", "BS", "APPROX", "SPLIT", "FOLD", "BJ", "BT", "PF", "NSP")   # the constexprs a line shows
 VERIFY_KERNELS = ("nsa_verify_fwd_kernel", "nsa_verify_combine_kernel")
 DENSE_KERNELS = ("dense_verify_fwd_kernel", "dense_verify_combine_kernel")
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
@@ -113,7 +112,6 @@ def record_verify(shape, T, N):
     mask = torch.ones(N, N, dtype=torch.uint8).tril()
     plen = torch.tensor([T], dtype=torch.int32)
     idx = torch.full((N, hkv, cfg.n_select), -1, dtype=torch.int32)
-    none = torch.full((N, hkv, 1), -1, dtype=torch.int32)
     forms = [(1, False)] if N == 1 else [(1, False), (4, False), (16, True)]
     launches = []
     with recording(verify, VERIFY_KERNELS, launches):
@@ -121,11 +119,8 @@ def record_verify(shape, T, N):
             for fold in (None, False):   # the policy's merge, and the split form's combine launch
                 verify.nsa_verify(q, k, k, plen, pos, mask, idx, cfg.slc_block, cfg.window, group_size=c,
                                   approx=approx, tma=True, fold=fold, n_split=None if fold is None else 4)
-        if N == 1:   # the dense plan's AR step (KernelDensePlan): no selection, a window over the whole cache
-            verify.nsa_verify(q, k, k, plen, pos, mask, none, 64, T + N, group_size=1, tma=True)
-    if N > 1:        # its trees
-        with recording(dense, DENSE_KERNELS, launches):
-            dense.dense_verify(q, k, k, plen, mask, tma=True)
+    with recording(dense, DENSE_KERNELS, launches):   # the dense plan's AR step and trees
+        dense.dense_verify(q, k, k, plen, mask, tma=True)
     return launches
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 50's device calls: dense tree verification on its own kernel (ssv/ops/dense) against the NSA verify
-# kernel's window form that KernelDensePlan ran before (`ssv.attention_device.DENSE_KERNEL_MIN_N=129` restores it).
+# kernel's window form that KernelDensePlan ran before (`ssv.attention_device.DENSE_KERNEL_MIN_N=129` restored it
+# at 1ec1663..98ae585, where calls a, q0, ab and b ran; since then the plan runs the dense kernel alone).
 #   a: carry [".whl"]  the CUDA tests of the new kernel and the dense kernel round; scripts/probe_dense.py (the
 #      attention alone at the Llama and default shapes, then the Llama dense AR step and verify pass)
 #   b: carry [".whl"]  the final code's CUDA tests, dense steps and Llama step table

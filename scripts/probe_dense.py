@@ -7,7 +7,6 @@ Usage: python3 scripts/probe_dense.py OUT.json  (env PROBE_ATTENTION="" skips th
 the steps; PROBE_SPLITS "None 16"; PROBE_STEP_SHAPES "llama3.1-8b smollm2-135m"; PROBE_STEP_REPS 2)"""
 import json, os, sys, torch
 sys.path.insert(0, ".")
-import ssv.attention_device as ad
 from ssv.bench.e2e_steps import time_graph
 from ssv.bench.kernels import copy_bandwidth
 from ssv.ops.dense import dense_verify
@@ -51,16 +50,14 @@ for shape, (hq, hkv, d, ctxs) in (SHAPES.items() if os.environ.get("PROBE_ATTENT
                       f"{row['tbps']:.2f} TB/s  {row['tflops']:6.1f} TFLOP/s  err {err:.1e}", flush=True)
                 save()
 if os.environ.get("PROBE_STEPS", "1"):
-    import ssv.ops.dense.policy as dp
     from ssv.bench.e2e_steps import SHAPES as STEP_SHAPES, fill_cache, random_model, synthetic_tree
     from ssv.attention import VerifyOptions
     from ssv.attention_device import device_plan
     from ssv.engine.device_round import DeviceEngine
     from ssv.engine.runner import Runner
-    # (DENSE_KERNEL_MIN_N, PREFETCH_TILES, label): the window form, the dense kernel without and with its L2
-    # prefetch, and the dense kernel for the AR step too
-    VARIANTS = ((129, 1, "nsa verify window"), (2, 0, "dense_verify no prefetch"), (2, 1, "dense_verify"),
-                (1, 1, "dense_verify (AR too)"))
+    # the window form, the dense kernel without and with its L2 prefetch and for the AR step too were variants
+    # here at 98ae585 (bench/results/gpu-s50/b/); since then the plan runs the dense kernel alone
+    VARIANTS = ((None, "dense_verify"),)
     step_ctx = {"llama3.1-8b": (8192, 65536, 131072), "smollm2-135m": (4096, 8192)}
     for shape in os.environ.get("PROBE_STEP_SHAPES", "llama3.1-8b").split():
         cfg = STEP_SHAPES[shape]
@@ -74,8 +71,7 @@ if os.environ.get("PROBE_STEPS", "1"):
                 fill_cache(runner, ctx, gen)
                 dlen0 = runner.cache.dlen.clone()
                 for rep in range(int(os.environ.get("PROBE_STEP_REPS", "1"))):
-                    for min_n, pf, label in VARIANTS:
-                        ad.DENSE_KERNEL_MIN_N, dp.PREFETCH_TILES = min_n, pf
+                    for _, label in VARIANTS:
                         eng = DeviceEngine(runner)
                         reset = lambda: runner.cache.dlen.copy_(dlen0)  # noqa: E731
                         ar = time_graph(eng._ar_body, before=reset)

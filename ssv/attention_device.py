@@ -20,12 +20,6 @@ from ssv.cache import KVCache
 from ssv.config import NSAConfig
 
 
-# the dense kernel (ssv/ops/dense) from this many queries of a step on; fewer take the NSA verify kernel's
-# per-query form over a window spanning the cache (one query at the Llama shape: 81 us at 64K, 3.3 TB/s on the
-# H200, bench/results/probe-dense-bbf0ebe.json)
-DENSE_KERNEL_MIN_N = 2
-
-
 class _DevicePlanBase:
     def plan(self, plen: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> "_DevicePlanBase":
         """plen [1] int32 committed length; positions [N] (P + depth); tree_mask [N, N] bool."""
@@ -116,30 +110,15 @@ class KernelNSAPlan(_DevicePlanBase):
 
 class KernelDensePlan(_DevicePlanBase):
     """Dense attention over the prefix (flash-decoding tiles, KV splits, log-sum-exp merge) plus the tree
-    part under its ancestor mask: `dense_verify` (every (query, head) row of a KV head on one tile, so a
-    K/V tile is read once for the step) from DENSE_KERNEL_MIN_N queries on; below, the verify kernel's
-    per-query form with a window spanning the whole cache and no selected blocks."""
-
-    def __init__(self, n: int, cache: KVCache, n_heads: int, block: int = 64):
-        from ssv.ops.nsa.verify import num_counters
-        hkv, dev = cache.k.shape[1], cache.k.device
-        self.own = n >= DENSE_KERNEL_MIN_N
-        self.group_size = 1 if n == 1 else 8
-        self.block, self.window = block, cache.k.shape[2]
-        self._none = torch.full((n, hkv, 1), -1, device=dev, dtype=torch.int32)
-        self._counters = torch.zeros(num_counters(n, n_heads, hkv, self.group_size), device=dev, dtype=torch.int32)
+    part under its ancestor mask: `dense_verify`, every (query, head) row of a KV head on one tile, so a
+    K/V tile is read once for the step (ssv/ops/dense)."""
 
     def _plan(self) -> None:
         self.tmask = self.tree_mask.to(torch.uint8)
 
     def run(self, layer, q, cache, gates=None):
-        if self.own:
-            from ssv.ops.dense import dense_verify
-            return dense_verify(q, cache.k[layer], cache.v[layer], self.plen, self.tmask)
-        from ssv.ops.nsa.verify import nsa_verify
-        o, _, _ = nsa_verify(q, cache.k[layer], cache.v[layer], self.plen, self.positions, self.tmask, self._none,
-                             self.block, self.window, group_size=self.group_size, counters=self._counters)
-        return o
+        from ssv.ops.dense import dense_verify
+        return dense_verify(q, cache.k[layer], cache.v[layer], self.plen, self.tmask)
 
 
 def device_plan(attention: str, cfg: Optional[NSAConfig], opts: Optional[VerifyOptions], n: int, cache: KVCache,
@@ -148,5 +127,5 @@ def device_plan(attention: str, cfg: Optional[NSAConfig], opts: Optional[VerifyO
     if not kernels:
         return RefDevicePlan(attention, cfg, opts)
     if attention == "dense":
-        return KernelDensePlan(n, cache, n_heads)
+        return KernelDensePlan()
     return KernelNSAPlan(cfg, opts, n, cache, n_heads)

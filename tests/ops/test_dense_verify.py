@@ -21,6 +21,7 @@ CASES = [
     (5, 513, 1, 2, 4, 128, 5, False),    # one query (the AR step), the Llama head dim
     (6, 200, 33, 1, 16, 16, 7, False),   # rows past one tile: 33 x 16
     (7, 64, 3, 2, 5, 32, 40, False),     # more splits asked than tiles: clamped
+    (8, 2100, 4, 1, 2, 16, 20, False),   # 17 + 1 states merged, 8 at a time
 ]
 
 
@@ -110,6 +111,9 @@ def test_dense_plan_sizes_from_the_capacity_only():
     assert plan_dense(1, 4, 4, 16, 10, 132, n_split=99)[0].n_split == 1
     assert plan_dense(1, 32, 8, 128, 0, 132)[0].n_split == 1
     assert plan_dense(48, 9, 3, 64, 8192, 132)[0].bm == 64
+    # the L2 prefetch where the launch is latency-bound: one row tile, or few key tiles a split
+    assert lp.pf == 0 and plan_dense(1, 32, 8, 128, 65536 + 208, 132)[0].pf == 64
+    assert plan_dense(48, 9, 3, 64, 4096 + 208, 132)[0].pf == 128
 
 
 @pytest.mark.cuda

@@ -105,7 +105,8 @@ def test_route_path_blocks_ignore_the_slots_they_do_not_weigh(one_sweep, want_o)
 @pytest.mark.parametrize("split", [None, 12])
 @pytest.mark.parametrize("case", [(0, 150, 7, 2, 3, 16), (1, 0, 5, 1, 2, 32), (2, 200, 1, 2, 4, 16)])
 def test_dense_attention_on_the_verify_kernel(case, split):
-    """A window over the whole cache and no selected blocks is dense attention (KernelDensePlan); also
+    """A window over the whole cache and no selected blocks is dense attention (the window branch over every
+    key; the dense plan's form before ssv/ops/dense); also
     with more KV splits than the prefix has tiles (empty splits merged), as the AR step's launch at
     a short length in a long cache has."""
     seed, P, N, hkv, G, D = case

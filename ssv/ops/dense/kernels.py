@@ -111,7 +111,7 @@ def dense_verify_fwd_kernel(
 @triton.jit
 def dense_verify_combine_kernel(
     ws_m, ws_l, ws_a, out, N, NSPLIT, HQ, s_on, s_oh,
-    NSP: tl.constexpr, D: tl.constexpr,
+    NSP: tl.constexpr, D: tl.constexpr, SC: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # grid (N * Hq): one (query, head) row merges the NSPLIT states (-inf, 0, 0 where a split saw nothing)
@@ -125,7 +125,14 @@ def dense_verify_combine_kernel(
     b_mx = tl.max(b_m, 0)
     b_w = tl.exp2(b_m - tl.where(b_mx == float("-inf"), 0.0, b_mx))                   # [NSP]
     b_l = tl.sum(b_w * tl.load(ws_l + p_st, mask=m_sp, other=0.0), 0)
-    b_a = tl.load(ws_a + p_st[:, None] * D + o_d[None, :], mask=m_sp[:, None], other=0.0)   # [NSP, D]
-    b_o = tl.sum(b_w[:, None] * b_a, 0) / b_l
+    # the values SC splits at a time: one [NSP, D] tile of 64 x 128 spilled (sm_90 build)
+    b_o = tl.zeros([D], tl.float32)
+    for s0 in range(0, NSPLIT, SC):
+        o_c = s0 + tl.arange(0, SC)
+        m_c = o_c < NSPLIT
+        p_c = o_c.to(tl.int64) * N * HQ + i_row                                            # [SC]
+        b_wc = tl.exp2(tl.load(ws_m + p_c, mask=m_c, other=float("-inf")) - tl.where(b_mx == float("-inf"), 0.0, b_mx))
+        b_o += tl.sum(b_wc[:, None] * tl.load(ws_a + p_c[:, None] * D + o_d[None, :], mask=m_c[:, None], other=0.0), 0)
+    b_o = b_o / b_l
     i_n, i_q = i_row // HQ, i_row % HQ
     tl.store(out + i_n.to(tl.int64) * s_on + i_q * s_oh + o_d, b_o.to(out.dtype.element_ty))

@@ -75,5 +75,5 @@ def dense_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, 
         k.stride(0), k.stride(1), tm.stride(0), hq, G=hq // hkv, BM=lp.bm, BN=lp.bn, BT=lp.bt, D=d, TMA=tma, PF=lp.pf, **pk,
         num_warps=lp.num_warps, num_stages=lp.num_stages)
     dense_verify_combine_kernel[(n * hq,)](ws_m, ws_l, ws_a, out, n, lp.n_split + 1, hq, out.stride(0), out.stride(1),
-                                           NSP=pow2(lp.n_split + 1, 2), D=d, **pk, num_warps=1)
+                                           NSP=pow2(lp.n_split + 1, 2), D=d, SC=8, **pk, num_warps=1)
     return out

@@ -15,11 +15,17 @@ from ssv.ops.utils import pow2
 MAX_ROWS = 64      # (query, head) rows of one program's tile
 MAX_SPLITS = 64    # prefix splits (the step's own tokens take one more)
 # programs a launch keeps within WAVES per SM, the step's-tokens split included: 2 fit on an SM (3 stages of 16 KB
-# K and V tiles). One over, a second wave: the default model's 48-node verify at 4K took 19.2 us at 29 + 1
-# splits (270 programs) against 12.2 at 16 + 1 (H100, bench/results/gpu-s50/a/probe-dense.txt)
+# K and V tiles). One over is a second wave: the default model's 48-node verify at 4K took 19.2 us at 29 + 1
+# splits (270 programs; H100, bench/results/gpu-s50/a/probe-dense.txt) against 17.2 at 28 + 1 (gpu-s50/q0/)
 WAVES = 2
-# key tiles of its split each program pulls into L2 before the PDL wait (0: none)
-PREFETCH_TILES = 1
+# Under PDL a program pulls its split's first key / value tile into L2 before the wait, where the launch is
+# latency-bound: one row tile (an AR step) or at most PREFETCH_MAX_TILES key tiles a split at the capacity.
+# Graphed steps (H100, bench/results/gpu-s50/b/probe-dense-steps.txt, two runs each): the default model's
+# 48-node verify pass 0.825 / 0.819 -> 0.806 / 0.802 ms at 4K (1-2 tiles a split), 0.859 / 0.873 -> 0.845 / 0.843
+# at 8K; its AR step on this kernel 0.604 / 0.597 ms against 0.632 / 0.649 on the NSA verify kernel's window form;
+# but the Llama verify pass (13-100 tiles a split) 9.809 / 9.815 -> 9.907 / 9.891 ms at 64K, 13.67 / 13.72 ->
+# 13.82 / 13.89 at 128K: there the prefetch only competes with the previous kernel for bandwidth
+PREFETCH_MAX_TILES = 4
 
 
 @dataclass(frozen=True)
@@ -45,5 +51,6 @@ def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_spl
     if n_split is None:
         n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv) - 1))
     n_split = max(1, min(int(n_split), tiles))
-    lp = DenseLaunch(bm, bn, pow2(n), PREFETCH_TILES * bn, n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
+    latency_bound = n_tiles == 1 or triton.cdiv(tiles, n_split) <= PREFETCH_MAX_TILES
+    lp = DenseLaunch(bm, bn, pow2(n), bn if latency_bound else 0, n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
     return lp, (n_tiles, hkv, n_split + 1)
