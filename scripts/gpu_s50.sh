@@ -40,6 +40,18 @@ q0)  # after the split policy counts the step's-tokens split (one wave): the att
     PROBE_STEPS= PROBE_SPLITS="None 10 16" timeout 150 python3 scripts/probe_dense.py "$OUTD/probe-dense-2.json" 2>&1 \
         | grep -v -i warn | tee "$OUTD/probe-dense-2.txt"
     ;;
+c0)  # the final code (9d4070d): GGUF part 0, the dense steps at both shapes, the Llama step table in full
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    PROBE_ATTENTION= PROBE_STEP_SHAPES="smollm2-135m llama3.1-8b" timeout 150 \
+        python3 scripts/probe_dense.py "$OUTD/probe-dense-steps-final.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense-steps-final.txt"
+    mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && timeout 200 python3 -m ssv bench e2e --no-default \
+        --steps 8192 32768 65536 131072 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-final" 2>&1 | grep -v -i warn | tail -40)
+    ;;
+wt)  # carry [".whl"]: the final code's CUDA tests of the dense kernel, the kernel rounds, PDL and the launch compiles
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_verify.py tests/ops/test_pdl.py \
+        tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py 2>&1 | tail -3 | tee "$OUTD/tests-final.log"
+    ;;
 w) ;;   # carry [".whl"] alone (the tree and a GGUF part leave no room for it): gpu_pkgs.sh installs it
 q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
