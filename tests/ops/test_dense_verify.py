@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ssv.ops.dense import dense_naive, dense_verify
-from ssv.ops.dense.policy import plan_dense
+from ssv.ops.dense.policy import merge_chunk, plan_dense
 
 from .test_nsa_kernels import CUDA, DEV, DTYPES, rand_tree, rel_err, tol
 
@@ -21,7 +21,8 @@ CASES = [
     (5, 513, 1, 2, 4, 128, 5, False),    # one query (the AR step), the Llama head dim
     (6, 200, 33, 1, 16, 16, 7, False),   # rows past one tile: 33 x 16
     (7, 64, 3, 2, 5, 32, 40, False),     # more splits asked than tiles: clamped
-    (8, 2100, 4, 1, 2, 16, 20, False),   # 17 + 1 states merged, 8 at a time
+    (8, 2100, 4, 1, 2, 16, 20, False),   # 17 + 1 states merged in one tile
+    (9, 2600, 2, 1, 2, 128, 40, False),  # 40 + 1 states of 128 merged 32 at a time (policy.merge_chunk)
 ]
 
 
@@ -114,6 +115,8 @@ def test_dense_plan_sizes_from_the_capacity_only():
     # the L2 prefetch where the launch is latency-bound: one row tile, or few key tiles a split
     assert lp.pf == 0 and plan_dense(1, 32, 8, 128, 65536 + 208, 132)[0].pf == 64
     assert plan_dense(48, 9, 3, 64, 4096 + 208, 132)[0].pf == 128
+    # the merge loads all splits' values at once up to 4,096 elements, in chunks beyond
+    assert (merge_chunk(64, 64), merge_chunk(64, 128), merge_chunk(16, 128), merge_chunk(8, 1024)) == (64, 32, 16, 4)
 
 
 @pytest.mark.cuda

@@ -125,7 +125,7 @@ def dense_verify_combine_kernel(
     b_mx = tl.max(b_m, 0)
     b_w = tl.exp2(b_m - tl.where(b_mx == float("-inf"), 0.0, b_mx))                   # [NSP]
     b_l = tl.sum(b_w * tl.load(ws_l + p_st, mask=m_sp, other=0.0), 0)
-    # the values SC splits at a time: one [NSP, D] tile of 64 x 128 spilled (sm_90 build)
+    # the values SC splits at a time (policy.merge_chunk: one tile where it fits the registers)
     b_o = tl.zeros([D], tl.float32)
     for s0 in range(0, NSPLIT, SC):
         o_c = s0 + tl.arange(0, SC)

@@ -54,3 +54,15 @@ def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_spl
     latency_bound = n_tiles == 1 or triton.cdiv(tiles, n_split) <= PREFETCH_MAX_TILES
     lp = DenseLaunch(bm, bn, pow2(n), bn if latency_bound else 0, n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
     return lp, (n_tiles, hkv, n_split + 1)
+
+
+# The merge's values in one [NSP, D] tile up to MERGE_TILE elements (one warp: 168 registers at 64 x 64 in the sm_90
+# build, no spill), in chunks of splits beyond (64 x 128 spilled). Chunks of 8 at every shape (9d4070d) made the
+# default model's AR step 0.633 ms at 4K and 0.728 at 8K (H100, gpu-s50/c0/) against 0.597-0.604 and 0.687-0.692
+# with the one tile (98ae585, gpu-s50/b/; another H100): each chunk is a dependent round trip to memory
+MERGE_TILE = 4096
+
+
+def merge_chunk(nsp: int, d: int) -> int:
+    """Splits whose values the merge loads at once: all nsp where the tile stays within MERGE_TILE elements."""
+    return nsp if nsp * d <= MERGE_TILE else max(1, MERGE_TILE // d)
