@@ -43,7 +43,7 @@ for shape, (hq, hkv, d, ctxs) in (SHAPES.items() if os.environ.get("PROBE_ATTENT
                 except Exception as e:  # noqa: BLE001
                     print(shape, ctx, n, name, type(e).__name__, str(e)[:200], flush=True)
                     continue
-                row = dict(shape=shape, context=ctx, n=n, form=name, us=us, floor_us=kv / bw / 1e3,
+                row = dict(shape=shape, context=ctx, n=n, form=name, us=us, floor_us=kv / bw / 1e6,
                            tbps=kv / us / 1e6, tflops=flop / us / 1e6, rel_err_vs_old=err)
                 out["rows"].append(row)
                 print(f"{shape:12s} {ctx:6d} n {n:2d} {name:24s} {us:8.1f} us  floor {row['floor_us']:7.1f}  "
