@@ -63,3 +63,20 @@ def sm_limits(device: torch.device) -> tuple:
 def tma_aligned(t) -> bool:
     """What a tensor descriptor (TMA) over t [A, B, D] needs: 16-byte aligned base and outer strides."""
     return all(x % 16 == 0 for x in (t.data_ptr(), t.stride(0) * t.element_size(), t.stride(1) * t.element_size()))
+
+
+def kv_descriptors(k, v, rows: int, box: int, tma, who: str) -> tuple:
+    """(k_desc, v_desc, tma): tensor descriptors over the first `rows` rows of k, v [H, L, D] with a [1, box, D]
+    box where `tma` is True, or None and k is on a Hopper-or-newer GPU with both aligned (`tma_aligned`);
+    else (k, v, False), for pointer loads. tma=True on unaligned tensors is refused."""
+    aligned = tma_aligned(k) and tma_aligned(v)
+    if tma is None:
+        tma = k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9 and aligned
+    if not tma:
+        return k, v, False
+    if not aligned:
+        raise ValueError(f"{who}: tma=True needs 16-byte aligned k / v bases and row strides")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    shape, bx = [k.shape[0], int(rows), k.shape[2]], [1, int(box), k.shape[2]]
+    return (TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], bx),
+            TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], bx), True)

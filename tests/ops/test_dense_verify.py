@@ -138,3 +138,18 @@ def test_dense_verify_graph_replay_equals_eager_at_other_lengths():
         ref = dense_naive(q.float(), k.float(), v.float(), P, P + torch.zeros(48, dtype=torch.long, device="cuda"),
                           mask, check=False)
         assert rel_err(out, ref) < 1e-2
+
+
+def test_dense_verify_row_stride_past_the_head_dim():
+    """Keys and values as a view with a row stride past D (17 of 16 elements): pointer loads read them right,
+    and tensor descriptors, which need 16-byte aligned row strides, are refused with a clear error."""
+    dtype = DTYPES[0]
+    q, k, v, pos, mask = make_case(31, 90, 4, 2, 2, 16, dtype, False)
+    k17 = torch.zeros(2, k.shape[1], 17, dtype=dtype)
+    v17 = torch.zeros_like(k17)
+    k17[..., :16], v17[..., :16] = k, v
+    kv, vv = k17.to(DEV)[..., :16], v17.to(DEV)[..., :16]
+    ref = dense_naive(q.float(), k.float(), v.float(), 90, pos, mask)
+    assert rel_err(dense_verify(q.to(DEV), kv, vv, 90, mask.to(DEV), tma=False), ref) < tol(dtype)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        dense_verify(q.to(DEV), kv, vv, 90, mask.to(DEV), tma=True)

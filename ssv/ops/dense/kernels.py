@@ -12,19 +12,7 @@ import triton
 import triton.language as tl
 
 from ssv.ops.pdl import l2_prefetch_span, pdl_prologue
-
-
-@triton.jit
-def _online(b_s, m_s, b_v, b_m, b_l, b_acc):
-    # one flash-attention step on base-2 scores; rows with nothing visible keep (-inf, 0, 0)
-    b_s = tl.where(m_s, b_s, float("-inf"))
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-    b_p = tl.exp2(b_s - b_ms[:, None])
-    b_al = tl.exp2(b_m - b_ms)
-    b_l = b_l * b_al + tl.sum(b_p, 1)
-    b_acc = b_acc * b_al[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
-    return b_mn, b_l, b_acc
+from ssv.ops.softmax import online_softmax as _online
 
 
 @triton.jit

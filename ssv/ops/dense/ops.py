@@ -12,7 +12,7 @@ import torch
 from ssv.ops.dense.kernels import dense_verify_combine_kernel, dense_verify_fwd_kernel
 from ssv.ops.dense.policy import merge_chunk, plan_dense
 from ssv.ops.pdl import pdl_args
-from ssv.ops.utils import pow2, sm_count, tma_aligned
+from ssv.ops.utils import kv_descriptors, pow2, sm_count
 
 
 def dense_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, tree_mask: torch.Tensor,
@@ -54,18 +54,7 @@ def dense_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, 
     tm = (tree_mask if tree_mask.dtype == torch.uint8 else tree_mask.to(torch.uint8)).contiguous()
     scale = d ** -0.5 if scale is None else float(scale)
     lp, grid = plan_dense(n, hq, hkv, d, prefix_max, sm_count(q.device), n_split)
-    aligned = tma_aligned(k) and tma_aligned(v)
-    if tma is None:
-        tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9 and aligned
-    if tma:
-        if not aligned:
-            raise ValueError("dense_verify: tma=True needs 16-byte aligned k / v bases and row strides")
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        shape, box = [hkv, prefix_max + n, d], [1, lp.bn, d]
-        kd = TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], box)
-        vd = TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], box)
-    else:
-        kd, vd = k, v
+    kd, vd, tma = kv_descriptors(k, v, prefix_max + n, lp.bn, tma, "dense_verify")
     states = (lp.n_split + 1) * n * hq
     f32 = dict(device=q.device, dtype=torch.float32)
     ws_m, ws_l, ws_a = torch.empty(states, **f32), torch.empty(states, **f32), torch.empty(states * d, **f32)

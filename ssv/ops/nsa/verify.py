@@ -12,7 +12,7 @@ from ssv.ops.nsa.verify_kernels import nsa_verify_combine_kernel, nsa_verify_fwd
 from ssv.ops.nsa.verify_policy import (FOLD_MAX_SPLITS, GROUP_SIZES, launch_config, num_counters, occupancy,
                                        pdl_pays, plan_launch, tile_rows)
 from ssv.ops.pdl import pdl_args
-from ssv.ops.utils import pow2, sm_count, tma_aligned
+from ssv.ops.utils import kv_descriptors, pow2, sm_count
 
 # what callers import from here: the launcher, and the kernels and policy it runs
 __all__ = ["nsa_verify", "check_shapes", "nsa_verify_fwd_kernel", "nsa_verify_combine_kernel", "FOLD_MAX_SPLITS",
@@ -78,18 +78,7 @@ def nsa_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, po
     gt = gates.float().contiguous() if gated else lse_a
     oc = o_cmp.float().contiguous() if gated else lse_a
     # TMA wants 16-byte aligned bases and row strides
-    aligned = tma_aligned(k) and tma_aligned(v)
-    if tma is None:
-        tma = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9 and aligned
-    if tma:
-        if not aligned:
-            raise ValueError("tma=True needs 16-byte aligned k/v bases and row strides")
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        shape, box = [hkv, prefix_len + n, d], [1, slc_block, d]
-        kd = TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], box)
-        vd = TensorDescriptor(v, shape, [v.stride(0), v.stride(1), 1], box)
-    else:
-        kd, vd = k, v
+    kd, vd, tma = kv_descriptors(k, v, prefix_len + n, slc_block, tma, "nsa_verify")
 
     def args(ws_m, ws_l, ws_a, items, cnt, n_splits):  # the kernel's positional arguments
         return (q, k, v, kd, vd, pos, tm, bi, gt, oc, out, lse_a, lse_b, ws_m, ws_l, ws_a, items, cnt,
