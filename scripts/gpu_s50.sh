@@ -52,6 +52,14 @@ wt)  # carry [".whl"]: the final code's CUDA tests of the dense kernel, the kern
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_verify.py tests/ops/test_pdl.py \
         tests/ops/test_engine_kernels.py tests/ops/test_nsa_device_len.py 2>&1 | tail -3 | tee "$OUTD/tests-final.log"
     ;;
+next)  # for the next session's first call, carry [".whl"]: the final code's (3770cfc) CUDA tests of the dense kernel
+    # and the dense kernel rounds (run apart: wt's 200 s did not cover them), then its dense steps (the merge's one tile)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_verify.py \
+        "tests/ops/test_engine_kernels.py::test_kernel_round_emits_reference_ar_tokens" \
+        "tests/ops/test_engine_kernels.py::test_graph_replay_equals_eager_round" 2>&1 | tail -3 | tee "$OUTD/tests-next.log"
+    PROBE_ATTENTION= PROBE_STEP_SHAPES="smollm2-135m llama3.1-8b" PROBE_STEP_REPS=2 timeout 240 \
+        python3 scripts/probe_dense.py "$OUTD/probe-dense-steps-next.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense-steps-next.txt"
+    ;;
 w) ;;   # carry [".whl"] alone (the tree and a GGUF part leave no room for it): gpu_pkgs.sh installs it
 q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
