@@ -35,7 +35,8 @@ for shape, (hq, hkv, d, ctxs) in (SHAPES.items() if os.environ.get("PROBE_ATTENT
             old = lambda: nsa_verify(q, k, v, plen, pos, tm, none, 64, cap, group_size=C, counters=cnt)[0]  # noqa: E731
             o_old = old().float()
             forms = [("nsa verify window C%d" % C, old, None)]
-            forms += [("dense_verify S=%s" % S, (lambda S=S: dense_verify(q, k, v, plen, tm, n_split=S)), S) for S in splits]
+            forms += [("dense_verify S=%s" % S, (lambda S=S: dense_verify(q, k, v, plen, tm, n_split=S)), S)
+                      for S in splits]
             for name, f, S in forms:
                 try:
                     err = ((f().float() - o_old).norm() / o_old.norm()).item()

@@ -61,8 +61,8 @@ def dense_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len, 
     pk = pdl_args(q.device)
     dense_verify_fwd_kernel[grid](
         q, k, v, kd, vd, plen, tm, ws_m, ws_l, ws_a, n, scale * math.log2(math.e), q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), tm.stride(0), hq, G=hq // hkv, BM=lp.bm, BN=lp.bn, BT=lp.bt, D=d, TMA=tma, PF=lp.pf, **pk,
-        num_warps=lp.num_warps, num_stages=lp.num_stages)
+        k.stride(0), k.stride(1), tm.stride(0), hq, G=hq // hkv, BM=lp.bm, BN=lp.bn, BT=lp.bt, D=d, TMA=tma,
+        PF=lp.pf, **pk, num_warps=lp.num_warps, num_stages=lp.num_stages)
     nsp = pow2(lp.n_split + 1, 2)
     dense_verify_combine_kernel[(n * hq,)](ws_m, ws_l, ws_a, out, n, lp.n_split + 1, hq, out.stride(0), out.stride(1),
                                            NSP=nsp, D=d, SC=merge_chunk(nsp, d), **pk, num_warps=1)

@@ -52,7 +52,8 @@ def plan_dense(n: int, hq: int, hkv: int, d: int, capacity: int, sms: int, n_spl
         n_split = max(1, min(MAX_SPLITS, tiles, (WAVES * sms) // max(1, n_tiles * hkv) - 1))
     n_split = max(1, min(int(n_split), tiles))
     latency_bound = n_tiles == 1 or triton.cdiv(tiles, n_split) <= PREFETCH_MAX_TILES
-    lp = DenseLaunch(bm, bn, pow2(n), bn if latency_bound else 0, n_tiles, n_split, num_warps=4, num_stages=3 if bm * d <= 8192 else 2)
+    lp = DenseLaunch(bm, bn, pow2(n), bn if latency_bound else 0, n_tiles, n_split, num_warps=4,
+                     num_stages=3 if bm * d <= 8192 else 2)
     return lp, (n_tiles, hkv, n_split + 1)
 
 
