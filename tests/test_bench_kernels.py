@@ -97,6 +97,10 @@ def test_ratios_use_the_strongest_naive_and_skip_failed_rows():
     ratios(rows)
     assert rows[2]["x_vs_naive"] == 2.0 and rows[2]["x_vs_dense"] == 8.0 and rows[2]["x_vs_fla_slc"] == 3.0
     assert rows[0]["x_vs_naive"] == 0.5 and "x_vs_naive" not in rows[3]
+    # the fastest dense row is the dense baseline (SDPA or ssv's dense kernel, whichever wins)
+    rows.append(dict(method="dense verify", C=0, ms=2.0))
+    ratios(rows)
+    assert rows[2]["x_vs_dense"] == 2.0 and rows[-1]["x_vs_dense"] == 1.0
 
 
 def _results(path, commit, rows, date):

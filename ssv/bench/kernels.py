@@ -2,7 +2,8 @@
 
 Side by side, in one run, on identical inputs: the naive per-query kernel (C = 1), SSV exact and
 approximate for each C, the routing launches of a refresh layer, flash-linear-attention's
-parallel_nsa on a chain of the same length (when installed), and dense SDPA over the same tree.
+parallel_nsa on a chain of the same length (when installed), and dense attention over the same tree (SDPA, and
+ssv's dense kernel `dense_verify`; x_vs_dense is against the faster).
 Each row: median time (CUDA graph replays, CUDA events), the unique bytes that must move, achieved
 TB/s against the copy bandwidth measured in the same run, and speedups as ratios.
 """
@@ -242,6 +243,13 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
         i = nxt()
         sdpa(qd, k[i][None], v[i][None], attn_mask=vis[None, None], enable_gqa=True)
     add("dense sdpa", 0, dense, 2 * hkv * (T + N) * d * elt)
+    # and on ssv's dense kernel (every (query, head) row of a KV head on one tile: the K/V read once)
+    from ssv.ops.dense import dense_verify
+
+    def dense_own():
+        i = nxt()
+        dense_verify(q, k[i], v[i], T, tm8)
+    add("dense verify", 0, dense_own, 2 * hkv * (T + N) * d * elt)
 
     if fla is not None:
         g = hq // hkv
@@ -274,11 +282,11 @@ def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sw
 
 
 def ratios(rows):
-    """x_vs_naive (against the strongest naive row), x_vs_dense and x_vs_fla_slc of one case's rows;
-    failed rows (ms None) get none."""
+    """x_vs_naive (against the strongest naive row), x_vs_dense (the fastest dense row) and x_vs_fla_slc of
+    one case's rows; failed rows (ms None) get none."""
     base = {(r["method"], r["C"]): r["ms"] for r in rows if r["ms"] is not None}
     naive = min(ms for (m, _), ms in base.items() if m.startswith("naive (C=1)"))
-    dense = [ms for (m, _), ms in base.items() if m == "dense sdpa"]
+    dense = sorted(ms for (m, _), ms in base.items() if m.startswith("dense "))
     fla = [ms for (m, _), ms in base.items() if m.startswith("fla parallel_nsa slc")]
     for r in rows:
         if r["ms"] is None:
