@@ -111,7 +111,8 @@ def dense_verify_combine_kernel(
     p_st = o_sp.to(tl.int64) * N * HQ + i_row                                          # [NSP]
     b_m = tl.load(ws_m + p_st, mask=m_sp, other=float("-inf"))
     b_mx = tl.max(b_m, 0)
-    b_w = tl.exp2(b_m - tl.where(b_mx == float("-inf"), 0.0, b_mx))                   # [NSP]
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)   # every split empty: weights 0, not NaN
+    b_w = tl.exp2(b_m - b_mx)                                                          # [NSP]
     b_l = tl.sum(b_w * tl.load(ws_l + p_st, mask=m_sp, other=0.0), 0)
     # the values SC splits at a time (policy.merge_chunk: one tile where it fits the registers)
     b_o = tl.zeros([D], tl.float32)
@@ -119,7 +120,7 @@ def dense_verify_combine_kernel(
         o_c = s0 + tl.arange(0, SC)
         m_c = o_c < NSPLIT
         p_c = o_c.to(tl.int64) * N * HQ + i_row                                            # [SC]
-        b_wc = tl.exp2(tl.load(ws_m + p_c, mask=m_c, other=float("-inf")) - tl.where(b_mx == float("-inf"), 0.0, b_mx))
+        b_wc = tl.exp2(tl.load(ws_m + p_c, mask=m_c, other=float("-inf")) - b_mx)
         b_o += tl.sum(b_wc[:, None] * tl.load(ws_a + p_c[:, None] * D + o_d[None, :], mask=m_c[:, None], other=0.0), 0)
     b_o = b_o / b_l
     i_n, i_q = i_row // HQ, i_row % HQ
