@@ -67,15 +67,16 @@ def tma_aligned(t) -> bool:
 
 def kv_descriptors(k, v, rows: int, box: int, tma, who: str) -> tuple:
     """(k_desc, v_desc, tma): tensor descriptors over the first `rows` rows of k, v [H, L, D] with a [1, box, D]
-    box where `tma` is True, or None and k is on a Hopper-or-newer GPU with both aligned (`tma_aligned`);
-    else (k, v, False), for pointer loads. tma=True on unaligned tensors is refused."""
-    aligned = tma_aligned(k) and tma_aligned(v)
+    box where `tma` is True, or None and k is on a Hopper-or-newer GPU with both aligned (`tma_aligned`, a
+    contiguous last dimension of 16 bytes or more); else (k, v, False), for pointer loads. tma=True on unaligned
+    tensors is refused."""
+    aligned = (all(tma_aligned(t) and t.stride(2) == 1 for t in (k, v)) and k.shape[2] * k.element_size() >= 16)
     if tma is None:
         tma = k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9 and aligned
     if not tma:
         return k, v, False
     if not aligned:
-        raise ValueError(f"{who}: tma=True needs 16-byte aligned k / v bases and row strides")
+        raise ValueError(f"{who}: tma=True needs 16-byte aligned k / v bases, row strides and rows")
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, bx = [k.shape[0], int(rows), k.shape[2]], [1, int(box), k.shape[2]]
     return (TensorDescriptor(k, shape, [k.stride(0), k.stride(1), 1], bx),

@@ -28,7 +28,7 @@ from ssv.ops.nsa.route_split_kernels import (nsa_route_imp_fwd_kernel, nsa_route
                                              nsa_route_score_fwd_kernel, nsa_route_topk_fwd_kernel)
 from ssv.ops.nsa.route_policy import path_window, plan_route
 from ssv.ops.pdl import pdl_args
-from ssv.ops.utils import pow2, sm_count, tma_aligned
+from ssv.ops.utils import kv_descriptors, pow2, sm_count
 
 
 def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefix_blocks, k: torch.Tensor,
@@ -88,7 +88,7 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
     o_cmp = torch.empty(n, hq, d, **f32) if want_o else lse
     # descriptors by default (H200, route-s33: 64K/64 score + imp 35.4 -> 33.5 us, 128K 57.8 -> 52.7;
     # within 0.2 us at the default model's shapes)
-    kd, vd, tma = _cmp_descriptors(k_cmp, v_cmp, lp.bc, tma)
+    kd, vd, tma = kv_descriptors(k_cmp, v_cmp, k_cmp.shape[1], lp.bc, tma, "nsa_route")   # the whole capacity
     rows = dict(G=g, CR=lp.cr, BM=lp.bm, D=d, BC=lp.bc, WANT_O=want_o, GP=lp.gp, TMA=tma)
     top = dict(LS=cfg.slc_block, BJ=lp.bj, NSEL=cfg.n_select, NSELP=lp.nselp, SORTED=lp.sorted_topk,
                FORCED_FIRST=cfg.forced_first, FORCED_LOCAL=cfg.forced_local, NW=path_window(nbpp, r, a))
@@ -130,23 +130,6 @@ def nsa_route(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, n_prefi
         n, nbp, nbs, nst, hq, *hst, *ist, *xst, G=g, D=d, BC=lp.bc, WANT_O=want_o, NSP=pow2(nst, 2), QC=lp.qc,
         R=r, A=a, **top, NBPP=nbpp, **pk, num_warps=lp.topk_warps)
     return idx, imp, lse, (o_cmp if want_o else None)
-
-
-def _cmp_descriptors(k_cmp: torch.Tensor, v_cmp: torch.Tensor, bc: int, tma: Optional[bool]):
-    """Tensor descriptors over the compressed blocks' whole capacity [Hkv, NB, D], a [1, bc, D] box,
-    or (k_cmp, v_cmp) unused in their place when the tiles go through pointers."""
-    ok = (all(tma_aligned(t) and t.stride(2) == 1 for t in (k_cmp, v_cmp))
-          and k_cmp.shape[2] * k_cmp.element_size() >= 16)
-    if tma is None:
-        tma = k_cmp.is_cuda and torch.cuda.get_device_capability(k_cmp.device)[0] >= 9 and ok
-    if not tma:
-        return k_cmp, v_cmp, False
-    if not ok:
-        raise ValueError("nsa_route: tma=True needs 16-byte aligned k_cmp / v_cmp bases, row strides and rows")
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    box = [1, bc, k_cmp.shape[2]]
-    return (TensorDescriptor(k_cmp, list(k_cmp.shape), list(k_cmp.stride()), box),
-            TensorDescriptor(v_cmp, list(v_cmp.shape), list(v_cmp.stride()), box), True)
 
 
 def path_block_weights(prefix_len: int, positions: torch.Tensor, tree_mask: torch.Tensor, cfg: NSAConfig):
