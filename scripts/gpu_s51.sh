@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 51's device calls.
+#   a: carry [".whl"]  the dense kernel's CUDA tests and the default model's dense steps at the final code of
+#      session 50 (its one-tile merge never ran on a GPU); where a Llama-shape step's kernel time goes at 64K
+#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off)
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
+trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
+export SSV_COMMIT=${SSV_COMMIT:-head}
+case "${1:?call}" in
+a)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_verify.py tests/ops/test_pdl.py 2>&1 \
+        | tail -3 | tee "$OUTD/tests-dense.log"
+    PROBE_ATTENTION= PROBE_STEP_SHAPES="smollm2-135m" PROBE_STEP_REPS=2 timeout 120 \
+        python3 scripts/probe_dense.py "$OUTD/probe-dense-steps.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense-steps.txt"
+    OUT=$OUTD CTX=65536 timeout 200 python3 scripts/profile_steps.py 2>&1 | grep -v -i warn | tee "$OUTD/profile-steps-64k.txt"
+    ;;
+esac
