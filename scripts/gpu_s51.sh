@@ -2,7 +2,7 @@
 # Session 51's device calls.
 #   a: carry [".whl"]  the dense kernel's CUDA tests and the default model's dense steps at the final code of
 #      session 50 (its one-tile merge never ran on a GPU); where a Llama-shape step's kernel time goes at 64K
-#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off)
+#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off); routing's launches
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 export SSV_COMMIT=${SSV_COMMIT:-head}
@@ -14,5 +14,8 @@ a)
     PROBE_ATTENTION= PROBE_STEP_SHAPES="smollm2-135m" PROBE_STEP_REPS=2 timeout 120 \
         python3 scripts/probe_dense.py "$OUTD/probe-dense-steps.json" 2>&1 | grep -v -i warn | tee "$OUTD/probe-dense-steps.txt"
     OUT=$OUTD CTX=65536 timeout 200 python3 scripts/profile_steps.py 2>&1 | grep -v -i warn | tee "$OUTD/profile-steps-64k.txt"
+    # routing's launches at Llama 64K / 64 and / 48 and the default model's 4K / 48, with narrower path slot tiles too
+    timeout 120 python3 scripts/probe_route.py "$OUTD/probe-route.json" --cases 0 16 2 --slot-tiles 32 16 2>&1 \
+        | grep -v -i warn | tee "$OUTD/probe-route.txt"
     ;;
 esac
