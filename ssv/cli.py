@@ -52,10 +52,15 @@ def _prompt_text(args) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
+        if os.path.isdir(args.prompt_file):
+            raise ValueError(f"--prompt-file {args.prompt_file} is a folder, not a text file")
         if not os.path.isfile(args.prompt_file):
             raise FileNotFoundError(f"prompt file not found: {args.prompt_file}")
-        with open(args.prompt_file, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     elif args.prompt is not None:
         text = args.prompt
     else:
@@ -78,22 +83,47 @@ def _check_generate(args) -> tuple:
     the prompt's source and text, the new-token count, and for the speculative modes the tree, the
     verification options, the head's config and the profile. Returns (the prompt's text, the loaded
     profile or None)."""
+    if args.record_routing and os.path.isdir(args.record_routing):
+        raise ValueError(f"--record-routing {args.record_routing} is a folder: give the file to write")
     if args.record_routing and not os.path.isdir(os.path.dirname(os.path.abspath(args.record_routing))):
         raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 0 <= args.seed < 2 ** 63:   # torch's generators take a signed 64-bit seed
+        raise ValueError(f"--seed must be in [0, 2^63), got {args.seed}")
+    _check_mode_flags(args)
     text, profile = _prompt_text(args), None
     if args.mode != "ar":
-        _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
+        opts = _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
+        if opts.tree.total_tokens < 2 and not opts.lookup:
+            raise ValueError("--tree-tokens 1 is the root alone: nothing would be drafted (give 2 or more, or --lookup)")
+        if not (args.host_round or args.record_routing):   # the device round keeps exactly the tree's nodes
+            from ssv.spec.device import check_spec
+            check_spec(opts.tree)
         if args.draft != "default":
             from ssv.draft.io import read_config
             read_config(args.draft)
         if args.profile:
             from ssv.spec.planner import Profile
-            if args.mode != "ssv":
-                raise ValueError("--profile plans --mode ssv (sd-naive is a fixed baseline)")
-            profile = Profile.load(args.profile)
+            profile = Profile.load(args.profile)   # --mode ssv: the other modes refuse it above
     return text, profile
+
+
+# flags of the speculative modes, their defaults (argparse's: a flag left at it is not a choice the user made)
+_SPEC_FLAGS = {"draft": "default", "tree_depth": None, "tree_topk": None, "tree_tokens": None, "traversal": "pos",
+               "lookup": None, "profile": None, "fallback": True}
+_SSV_FLAGS = {"group_size": 4, "precision": "strict", "refresh_every": 1, "profile": None, "fallback": True}
+
+
+def _check_mode_flags(args) -> None:
+    """A flag the chosen --mode does not read is refused, not ignored (a run would not be what was asked)."""
+    unread = dict(_SPEC_FLAGS, **_SSV_FLAGS) if args.mode == "ar" else _SSV_FLAGS if args.mode == "sd-naive" else {}
+    given = [k for k, d in unread.items() if getattr(args, k) != d]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        flag = "--no-fallback" if given[0] == "fallback" else flag
+        raise ValueError(f"{flag} does not apply to --mode {args.mode}"
+                         + (" (every query is verified on its own there)" if args.mode == "sd-naive" else ""))
 
 
 def cmd_generate(args) -> int:
@@ -101,7 +131,11 @@ def cmd_generate(args) -> int:
     from ssv.engine.runner import Runner
     from ssv.spec.accept import SamplingParams
 
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    except ValueError as e:   # named as the flags the user typed
+        raise ValueError(str(e).replace("SamplingParams.temperature", "--temperature")
+                         .replace("SamplingParams.top_p", "--top-p")) from None
     text, profile = _check_generate(args)
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
     ids = _prompt_ids(args, tok, text)
@@ -158,6 +192,9 @@ def cmd_generate(args) -> int:
         setup = f", setup {setup:.2f}s (kernel compiles, graph capture)" if setup >= 0.01 else ""
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, prefill "
               f"{s['prefill_seconds']:.2f}s{setup}, {s['rounds']} rounds{spec}]", file=sys.stderr)
+        if s.get("stop") == "context" and s["new_tokens"] < args.max_new_tokens:
+            print(f"note: stopped at the context limit of {runner.context_limit} tokens after {s['new_tokens']} of "
+                  f"--max-new-tokens {args.max_new_tokens} (the prompt has {len(ids)})", file=sys.stderr)
     return 0
 
 
@@ -296,6 +333,8 @@ def cmd_ppl(args) -> int:
         raise FileNotFoundError(f"text file not found: {args.file}")
     if args.context < 2:
         raise ValueError(f"--context must be >= 2, got {args.context}")
+    if args.score_from is not None and not 1 <= args.score_from < args.context:
+        raise ValueError(f"--score-from must be in [1, {args.context - 1}] (below --context), got {args.score_from}")
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
     with open(args.file, encoding="utf-8", errors="replace") as f:
         ids = tok.encode(f.read())

@@ -80,13 +80,19 @@ def test_summary_counts_a_mode_measured_only_in_a_later_repeat():
     assert s["ar dense"]["identical_to_ar"] == 1 and s["ar dense"]["speedup_vs_ar_nsa"] == pytest.approx(1.5)
 
 
-def test_bench_e2e_refuses_repeats_below_one():
+def test_bench_e2e_refuses_bad_counts():
     import argparse
     from ssv.bench.e2e import add_args, cmd_bench_e2e
     p = argparse.ArgumentParser()
     add_args(p)
     with pytest.raises(ValueError, match="--repeats must be >= 1"):
         cmd_bench_e2e(p.parse_args(["--repeats", "0"]))
+    with pytest.raises(ValueError, match="--docs must be >= 1, got 0"):
+        cmd_bench_e2e(p.parse_args(["--docs", "0"]))
+    with pytest.raises(ValueError, match="--contexts and --steps must be positive token counts, got -1"):
+        cmd_bench_e2e(p.parse_args(["--contexts", "4096", "-1"]))
+    with pytest.raises(ValueError, match="--contexts and --steps must be positive token counts, got 0"):
+        cmd_bench_e2e(p.parse_args(["--steps", "0"]))
 
 
 def test_fill_cache_leaves_the_compressed_blocks_of_its_keys():

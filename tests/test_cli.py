@@ -153,23 +153,85 @@ def test_generate_refuses_bad_options_before_loading_the_model(capsys, monkeypat
     fails(spec + ["--tree-tokens", 129, "--tree-depth", 8, "--tree-topk", 16], capsys, "128")
     fails(spec + ["--draft", tmp_path / "no-head"], capsys, "EAGLE-3 head folder not found", "no-head")
     fails(spec + ["--profile", tmp_path / "p.json"], capsys, "profile not found")
-    fails(base + ["--prompt", "hi", "--mode", "sd-naive", "--profile", tmp_path / "p.json"], capsys, "--profile plans")
+    fails(base + ["--prompt", "hi", "--mode", "sd-naive", "--profile", tmp_path / "p.json"], capsys,
+          "--profile does not apply to --mode sd-naive")
     # options that pass the check reach the load: the same command with a good tree loads (and fails here)
     with pytest.raises(AssertionError, match="the model was loaded"):
         main([str(a) for a in spec + ["--tree-depth", 2, "--tree-topk", 2, "--tree-tokens", 4]])
+    hi = base + ["--prompt", "hi"]
+    fails(hi + ["--seed", 2 ** 63], capsys, "--seed must be in [0, 2^63)")
+    fails(hi + ["--seed", -1], capsys, "--seed must be in [0, 2^63)")
+    fails(hi + ["--record-routing", tmp_path], capsys, "--record-routing", "is a folder")
+    fails(base + ["--prompt-file", tmp_path], capsys, "is a folder, not a text file")
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    fails(base + ["--prompt-file", latin], capsys, "latin1.txt is not UTF-8 text")
+    # a flag the mode does not read is refused, not ignored
+    for flags, name in (([ "--tree-depth", 2], "--tree-depth"), (["--lookup", 3], "--lookup"),
+                        (["--draft", tmp_path], "--draft"), (["--profile", tmp_path / "p.json"], "--profile"),
+                        (["--no-fallback"], "--no-fallback"), (["--group-size", 8], "--group-size"),
+                        (["--precision", "approx"], "--precision"), (["--traversal", "bfs"], "--traversal")):
+        fails(hi + flags, capsys, f"{name} does not apply to --mode ar")
+    for flags, name in ((["--group-size", 8], "--group-size"), (["--precision", "approx"], "--precision"),
+                        (["--refresh-every", 2], "--refresh-every"), (["--no-fallback"], "--no-fallback")):
+        fails(hi + ["--mode", "sd-naive"] + flags, capsys, f"{name} does not apply to --mode sd-naive")
+    # the root alone drafts nothing (with a lookup the chain is the draft); a device round keeps exactly the
+    # tree's nodes, so a pool smaller than the tree is refused here, not after the prefill
+    fails(spec + ["--tree-tokens", 1], capsys, "root alone")
+    fails(spec + ["--tree-depth", 2, "--tree-topk", 1, "--tree-tokens", 48], capsys, "exceeds its candidate pool of 3")
+    for ok in (["--tree-tokens", 1, "--lookup", 3], ["--tree-depth", 2, "--tree-topk", 1, "--tree-tokens", 48,
+                                                    "--host-round"]):
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            main([str(a) for a in spec + ok])
+    words = words_file(tmp_path, 50)
+    fails(["ppl", "--model", tmp_path / "no-model", "--file", words, "--context", 32, "--score-from", 32], capsys,
+          "--score-from must be in [1, 31]")
+    fails(["ppl", "--model", tmp_path / "no-model", "--file", words, "--context", 32, "--score-from", 0], capsys,
+          "--score-from must be in [1, 31]")
+
+
+def test_bench_spec_refuses_bad_options_before_loading_the_model(capsys, monkeypatch, tmp_path):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+    monkeypatch.setattr(cli, "load_model", no_load)
+    base = ["bench", "spec", "--device", "cpu", "--out", tmp_path]
+    fails(base + ["--docs", 0], capsys, "--docs must be >= 1, got 0")
+    fails(base + ["--docs", -1], capsys, "--docs must be >= 1, got -1")
+    fails(base + ["--contexts", 0], capsys, "--contexts must be positive token counts, got 0")
+    fails(base + ["--contexts", 1024, -5], capsys, "--contexts must be positive token counts, got -5")
+    fails(base + ["--modes", "ssv stirct"], capsys, "unknown mode 'ssv stirct'", "'ssv strict'", "'ar'")
+    fails(base + ["--modes", "ssv strict lookup 4"], capsys, "unknown mode 'ssv strict lookup 4'")
+    for ok in (["--modes", "ar", "ssv strict"], ["--lookup", 4, "--modes", "ssv strict lookup 4"],
+               ["--extra-trees", "2,2,4", "--modes", "ssv strict tree 2x2x4"]):
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            main([str(a) for a in base + ok])
+    assert not any(tmp_path.iterdir())   # nothing written
+
+
+def test_generate_says_when_the_context_stops_it(capsys, tiny_ckpt, tmp_path):
+    argv = ["generate", "--model", tiny_ckpt, "--prompt-file", words_file(tmp_path, 62), "--no-chat",
+            "--max-new-tokens", 8]
+    stop = json.loads(succeeds(argv + ["--json"], capsys).out)["stats"]["stop"]
+    assert stop in ("context", "eos")   # (the random model's greedy text may end first)
+    _, err = succeeds(argv, capsys)
+    assert ("note: stopped at the context limit of 64 tokens after" in err and "(the prompt has 62)" in err) \
+        == (stop == "context")
+    _, err = succeeds(["generate", "--model", tiny_ckpt, "--prompt", "the cat", "--no-chat", "--max-new-tokens", 2],
+                      capsys)
+    assert "context limit" not in err
 
 
 @pytest.mark.parametrize("value", ["-0.5", "-1e-9", "nan", "inf"])
 def test_bad_temperature(capsys, value):
     # rejected before any model is loaded (the model path does not exist)
     fails(["generate", "--model", "/nonexistent", "--prompt", "hi", f"--temperature={value}"], capsys,
-          "temperature must be a finite number >= 0")
+          "--temperature must be a finite number >= 0")
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
 def test_bad_top_p(capsys, value):
     fails(["generate", "--model", "/nonexistent", "--prompt", "hi", f"--top-p={value}"], capsys,
-          "top_p must be in (0, 1]")
+          "--top-p must be in (0, 1]")
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
@@ -210,7 +272,7 @@ def test_ppl_bad_input(capsys, tiny_ckpt, tmp_path):
     fails(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 100], capsys,
           "100 tokens exceed the context limit of 64")
     fails(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 32, "--score-from", 32], capsys,
-          "score_from must be in [1, 31], got 32")
+          "--score-from must be in [1, 31] (below --context), got 32")
     # and a valid call on the same model works
     out, _ = succeeds(["ppl", "--model", tiny_ckpt, "--file", long, "--context", 64, "--json"], capsys)
     res = json.loads(out)
@@ -231,9 +293,13 @@ def test_runner_usable_after_errors(tiny_model):
     prompt = torch.randint(3, 97, (20,), generator=g).tolist()
     params = SamplingParams(0.0)
     first = generate_ar(runner, prompt, params, 8).token_ids
-    for bad in ([5] * 64, [5] * 200, []):
+    for bad in ([5] * 64, [5] * 200, [], [5, model.cfg.vocab_size], [-5, 3]):
         with pytest.raises(ValueError):
             generate_ar(runner, bad, params, 8)
+    with pytest.raises(ValueError, match=f"prompt token id {model.cfg.vocab_size} is outside the vocabulary"):
+        runner.prefill([5, model.cfg.vocab_size])
+    with pytest.raises(ValueError, match=r"prompt token id -5 is outside the vocabulary \[0, "):
+        runner.prefill(torch.tensor([-5, 3]))
     assert generate_ar(runner, prompt, params, 8).token_ids == first
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         generate_ar(runner, prompt, params, 0)
@@ -471,8 +537,9 @@ def test_shipped_head_speculates_losslessly(capsys, fast_default):
 def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_head):
     """--mode ssv on the CPU drafts the small tree of its measured profile (cli.cpu_tree()); sd-naive and
     explicit tree options keep theirs; output stays that of ar."""
-    base = ["generate", "--prompt", "Name a fruit.", "--json", "--max-new-tokens", 6, "--draft", random_head]
+    base = ["generate", "--prompt", "Name a fruit.", "--json", "--max-new-tokens", 6]
     ar = json.loads(succeeds(base, capsys)[0])
+    base += ["--draft", random_head]
     depth = {}
     for name, extra in (("ssv", ["--mode", "ssv", "--no-fallback"]), ("sd-naive", ["--mode", "sd-naive"]),
                         ("explicit", ["--mode", "ssv", "--no-fallback", "--tree-depth", 4, "--tree-topk", 2,

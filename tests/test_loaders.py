@@ -788,3 +788,31 @@ def test_fla_errors_use_fla_names(tmp_path):
     raw["model.layers.0.attn.q_norm.weight"] = torch.zeros(64)
     with pytest.raises(ValueError, match=r"unexpected tensor\(s\).*model\.layers\.0\.attn\.q_norm\.weight"):
         load_checkpoint(str(write_fla(tmp_path / "c", cfg, raw)))
+
+
+def test_truncated_files_are_named(llama_copy, tiny_gguf, tmp_path):
+    # a copy cut short (a failed download) is refused naming the file, not with the reader's own error
+    st = llama_copy / "model.safetensors"
+    st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors: not a complete safetensors file"):
+        load_checkpoint(str(llama_copy))
+    path, _ = tiny_gguf
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cannot read .*cut\.gguf: not a complete GGUF file"):
+        load_checkpoint(str(cut))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + path.read_bytes()[4:])
+    with pytest.raises(ValueError, match=r"cannot read .*bad\.gguf: not a complete GGUF file"):
+        load_checkpoint(str(bad))
+
+
+@pytest.mark.parametrize("key,value", [("max_position_embeddings", 0), ("max_position_embeddings", -8),
+                                       ("num_key_value_heads", 0), ("head_dim", 2.5), ("head_dim", "16")])
+def test_config_counts_must_be_positive_integers(llama_copy, key, value):
+    # `cfg.get(key) or default` took a 0 for a missing entry (a context of 8192 from a config saying 0)
+    cfg = json.loads((llama_copy / "config.json").read_text())
+    cfg[key] = value
+    (llama_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"{key} must be a positive integer, got {value!r}".replace("(", r"\(")):
+        load_checkpoint(str(llama_copy))

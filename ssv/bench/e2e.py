@@ -386,6 +386,11 @@ def cmd_bench_e2e(args) -> int:
     from ssv.bench.kernels import environment
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.docs < 1:
+        raise ValueError(f"--docs must be >= 1, got {args.docs}")
+    low = min(args.contexts + (args.steps or []))
+    if low < 1:
+        raise ValueError(f"--contexts and --steps must be positive token counts, got {low}")
     if not torch.cuda.is_available():
         raise ValueError("ssv bench e2e needs a CUDA GPU")
     bad = [m for m in args.modes if m not in MODES]

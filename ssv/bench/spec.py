@@ -58,8 +58,11 @@ def load_prompts(path: str) -> dict:
     """--prompts: JSON {family: [text, ...]}."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--prompts {path} not found (make it with scripts/make_e2e_prompts.py)")
-    with open(path) as f:
-        texts = json.load(f)
+    with open(path, encoding="utf-8") as f:
+        try:
+            texts = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--prompts {path}: not JSON ({e})") from None
     if not isinstance(texts, dict) or not all(isinstance(v, list) and all(isinstance(t, str) for t in v)
                                               for v in texts.values()):
         raise ValueError(f"--prompts {path} must hold JSON {{family: [text, ...]}}")
@@ -347,6 +350,10 @@ def cmd_bench_spec(args) -> int:
     temps = [SamplingParams(temperature=t).temperature for t in args.temperatures]  # bad input fails first
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.docs < 1:
+        raise ValueError(f"--docs must be >= 1, got {args.docs}")
+    if min(args.contexts) < 1:
+        raise ValueError(f"--contexts must be positive token counts, got {min(args.contexts)}")
     texts = load_prompts(args.prompts) if args.prompts else None
     if args.aligned and texts is None:
         raise ValueError("--aligned needs --prompts: the held-out stdlib documents are cut to the longest "
@@ -354,6 +361,11 @@ def cmd_bench_spec(args) -> int:
     families = check_families(args.families, texts)
     tree = TreeSpec(args.tree_depth, args.tree_topk, args.tree_tokens)
     extra = [_tree_arg(t) for t in args.extra_trees]   # bad shapes fail before any generation
+    known = modes(tree, extra_trees=extra, lookup=args.lookup, spares=not args.lookup_compact)
+    unknown = [m for m in args.modes or () if m not in known and m != "ar"]   # ar: always run, the reference
+    if unknown:   # a typo would otherwise run ar alone
+        raise ValueError(f"--modes: unknown mode {unknown[0]!r}; known with these options: 'ar', "
+                         + ", ".join(repr(k) for k in known))
     if args.lookup:
         if args.lookup_compact and args.device_round and args.device == "cuda":
             raise ValueError("--lookup-compact verifies rows that depend on the data, which the CUDA round's graphs "
@@ -362,6 +374,8 @@ def cmd_bench_spec(args) -> int:
             if not args.modes or name in args.modes:   # (a tree only the lookup's head part fits is not run)
                 s[1].options(1)   # a bad K fails first
     model, tok = load_model(args.model, args.device)
+    if max(args.contexts) > model.cfg.max_seq_len:   # past the positions the model was trained for
+        raise ValueError(f"--contexts {max(args.contexts)} exceeds the model's context of {model.cfg.max_seq_len} tokens")
     drafter = load_drafter(args.draft, model)
     if texts is None:
         docs = {"code": eval_documents(tok, max(args.contexts), args.docs)}

@@ -78,7 +78,7 @@ def read_config(folder) -> Eagle3Config:
 
 def load_eagle3(folder, device="cpu", dtype: torch.dtype = torch.float32, target=None):
     """(head, cfg) from a head folder; `target` (a ModelConfig) is checked with check_compatible."""
-    from safetensors.torch import load_file
+    from ssv.loaders import read_safetensors
 
     cfg = read_config(folder)
     if target is not None:
@@ -90,7 +90,7 @@ def load_eagle3(folder, device="cpu", dtype: torch.dtype = torch.float32, target
         others = sorted(p.name for p in Path(folder).glob("*.bin")) + sorted(p.name for p in Path(folder).glob("*.pt"))
         hint = f" (found {', '.join(others)}: only safetensors heads are supported)" if others else ""
         raise FileNotFoundError(f"{folder} has no {WEIGHTS_NAME}{hint}")
-    raw = load_file(str(path))
+    raw = read_safetensors(path)
     sd = {}
     for name, t in raw.items():
         key = name[len("model."):] if name.startswith("model.") else name

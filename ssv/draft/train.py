@@ -49,10 +49,11 @@ def add_train_draft_parser(subparsers):
     a("--model", default="default", help="target checkpoint ('default' = SmolLM2-135M-Instruct)")
     a("--run-dir", required=True, help="run directory (data cache, state.pt, metrics); resumed when it exists")
     a("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    a("--smoke", action="store_true", help="tiny CPU-sized run (a few prompts, 32-token answers, 4 steps)")
+    a("--smoke", action="store_true", help="tiny CPU-sized run (a few prompts, 32-token answers, 4 steps): sets the data and "
+                                      "training sizes, over any given")
     a("--export", metavar="DIR", help="write the trained head (config.json + model.safetensors) to DIR")
     a("--export-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    a("--time-budget", type=float, default=0, metavar="SECONDS", help="stop (and save) after this long")
+    a("--time-budget", type=float, default=0, metavar="SECONDS", help="stop (and save) after this long (0: no limit)")
     g = p.add_argument_group("data")
     g.add_argument("--num-prompts", type=int, default=16000, help="training prompts (at most all available)")
     g.add_argument("--eval-prompts", type=int, default=256)
@@ -136,6 +137,8 @@ def cmd_train_draft(args) -> int:
     import torch
 
     t0 = time.time()
+    if not args.time_budget >= 0:   # (NaN too)
+        raise ValueError(f"--time-budget must be >= 0 seconds (0: none), got {args.time_budget}")
     if args.smoke:
         for k, v in SMOKE.items():
             setattr(args, k, v)

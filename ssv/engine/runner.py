@@ -101,6 +101,11 @@ class Runner:
         """A prompt to prefill (here, or `DeviceEngine.prefill`): not empty, within the context."""
         if len(ids) == 0:
             raise ValueError("empty prompt: give at least one token")
+        # an embedding lookup past the table is an opaque IndexError (a device assert on CUDA)
+        lo, hi = (int(ids.min()), int(ids.max())) if isinstance(ids, torch.Tensor) else (min(ids), max(ids))
+        if lo < 0 or hi >= self.model.cfg.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.model.cfg.vocab_size})")
         if self.length + len(ids) > self.context_limit:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context limit of "
                              f"{self.context_limit} tokens ({self.length} already used)")

@@ -133,11 +133,31 @@ def detect_folder_kind(cfg: dict, where: str = "config.json") -> str:
                      f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
 
 
+def config_int(cfg: Mapping, key: str, default: int, where: str) -> int:
+    """A positive integer entry of a checkpoint's config.json, `default` where absent (or null); a 0 or a
+    negative is refused, not taken for a missing entry (`cfg.get(key) or default` would)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def read_safetensors(path) -> dict:
+    """All tensors of one safetensors file; a damaged file (truncated by a failed copy, not safetensors at
+    all) is refused naming it, not with the reader's bare SafetensorError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise ValueError(f"cannot read {path}: not a complete safetensors file ({e})") from None
+
+
 def read_safetensors_folder(folder: Path) -> dict:
     """All tensors of `model.safetensors` or of the shards named by `model.safetensors.index.json`,
     cast to fp32 (a bf16/fp16 -> fp32 cast is exact)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if index.is_file():
@@ -158,7 +178,7 @@ def read_safetensors_folder(folder: Path) -> dict:
         shard = folder / name
         if not shard.is_file():
             raise FileNotFoundError(f"shard {name} listed in {index.name} does not exist in {folder}")
-        part = load_file(str(shard))
+        part = read_safetensors(shard)
         for k, t in part.items():
             if k in state_dict:
                 raise ValueError(f"tensor {k} appears in more than one shard of {folder}")

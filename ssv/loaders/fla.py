@@ -51,7 +51,8 @@ from pathlib import Path
 import torch
 
 from ssv.config import ModelConfig, NSAConfig, RopeConfig
-from ssv.loaders import check_state_dict, detect_folder_kind, read_config_json, read_safetensors_folder
+from ssv.loaders import (check_state_dict, config_int, detect_folder_kind, read_config_json,
+                         read_safetensors_folder)
 from ssv.loaders.hf import _ids
 
 __all__ = ["load_fla", "config_from_fla", "fla_to_internal_name", "FLA_LAYER_DEFAULT_HEAD_DIM"]
@@ -161,7 +162,7 @@ def config_from_fla(cfg: dict, where: str = "config.json", head_dim: int = None)
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=int(head_dim),
-        max_seq_len=int(cfg.get("max_position_embeddings") or 2048),
+        max_seq_len=config_int(cfg, "max_position_embeddings", 2048, where),
         norm_eps=float(cfg.get("norm_eps", 1e-6)),
         rope=RopeConfig(theta=float(theta if theta is not None else 10000.0)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -288,7 +288,10 @@ def convert_gguf(path, *, progress: bool = True):
 
     path = Path(path)
     where = str(path)
-    reader = gguf.GGUFReader(str(path))
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as e:   # bad magic, a truncated copy, ...: name the file
+        raise ValueError(f"cannot read {path}: not a complete GGUF file ({type(e).__name__}: {e})") from None
     config = config_from_gguf(reader, where)
     arch = _field(reader, "general.architecture")
 

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from ssv.config import ModelConfig, RopeConfig
-from ssv.loaders import check_state_dict, detect_folder_kind, read_config_json, read_safetensors_folder
+from ssv.loaders import (check_state_dict, config_int, detect_folder_kind, read_config_json,
+                         read_safetensors_folder)
 
 __all__ = ["load_hf", "config_from_hf"]
 
@@ -90,8 +91,8 @@ def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
         vocab = int(cfg["vocab_size"])
     except KeyError as e:
         raise ValueError(f"{where} lacks required key {e.args[0]!r}") from None
-    n_kv = cfg.get("num_key_value_heads") or n_heads
-    head_dim = cfg.get("head_dim") or hidden // n_heads
+    n_kv = config_int(cfg, "num_key_value_heads", n_heads, where)
+    head_dim = config_int(cfg, "head_dim", hidden // n_heads if n_heads > 0 else 0, where)
     tie = cfg.get("tie_word_embeddings")
     return ModelConfig(
         vocab_size=vocab,
@@ -101,7 +102,7 @@ def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=int(n_kv),
         head_dim=int(head_dim),
-        max_seq_len=int(cfg.get("max_position_embeddings") or 8192),
+        max_seq_len=config_int(cfg, "max_position_embeddings", 8192, where),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope=rope_from_hf(cfg, where),
         tie_embeddings=bool(tie) if tie is not None else False,

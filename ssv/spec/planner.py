@@ -146,9 +146,13 @@ class Profile:
         if not p.is_file():
             raise FileNotFoundError(f"profile not found: {p}")
         try:
-            return cls.from_json(json.loads(p.read_text()))
+            doc = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}: not JSON ({e})") from None
+        try:
+            return cls.from_json(doc)
+        except (ValueError, KeyError, TypeError) as e:   # which file holds the bad entry
+            raise ValueError(f"profile {p}: {e}") from None
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict], strategies: dict, meta: Optional[dict] = None) -> "Profile":

@@ -239,3 +239,15 @@ def test_train_draft_pipeline_resume_and_export(tmp_path, monkeypatch):
     torch.testing.assert_close(head5.lm_head.weight[both], old_rows, rtol=0, atol=1e-2)   # bf16 export
     assert torch.isfinite(head5.lm_head.weight).all()
     assert torch.load(run5 / "vocab.pt", weights_only=True)["balanced"] is True
+
+
+def test_train_draft_refuses_a_negative_time_budget(tmp_path, capsys):
+    import pytest
+
+    from ssv.cli import main as ssv_main
+    for bad in ("-5", "nan"):
+        with pytest.raises(SystemExit) as e:
+            ssv_main(["train-draft", "--run-dir", str(tmp_path / "run"), "--time-budget", bad])
+        assert e.value.code == 2
+        assert f"--time-budget must be >= 0 seconds (0: none), got {float(bad)}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()   # refused before anything was made

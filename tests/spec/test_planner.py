@@ -80,6 +80,15 @@ def test_bad_entries_and_files(tmp_path):
     (tmp_path / "y.json").write_text("{}")
     with pytest.raises(ValueError, match="not a speculation profile"):
         Profile.load(tmp_path / "y.json")
+    # a bad entry is refused naming the file that holds it
+    good = Profile([10], [[Entry(DEEP, 3.0, 0.1)]])
+    good.save(tmp_path / "z.json")
+    doc = json.loads((tmp_path / "z.json").read_text())
+    bad = json.loads(json.dumps(doc).replace('"depth": %d' % DEEP.tree.depth, '"depth": 0'))
+    assert bad != doc
+    (tmp_path / "z.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"profile .*z\.json: TreeSpec\.depth must be"):
+        Profile.load(tmp_path / "z.json")
     only_approx = Profile([10], [[Entry(APPROX, 3.0, 0.1)]])
     with pytest.raises(ValueError, match="no strict strategy"):
         AdaptivePlanner(only_approx, 4).choose(5)
