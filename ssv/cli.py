@@ -70,10 +70,11 @@ def _prompt_text(args) -> str:
     return text
 
 
-def _prompt_ids(args, tok, text: str) -> list:
+def encode_prompt(tok, text: str, chat: bool) -> list:
+    """A prompt's token ids: the text as the user's turn of the chat template (chat), or as it is."""
     if tok is None:
         raise ValueError("this checkpoint has no tokenizer; ssv needs tokenizer.json beside it")
-    if args.chat:
+    if chat:
         text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     return tok.encode(text)
 
@@ -138,7 +139,7 @@ def cmd_generate(args) -> int:
                          .replace("SamplingParams.top_p", "--top-p")) from None
     text, profile = _check_generate(args)
     model, tok = load_model(args.model, args.device, args.dtype, progress=not args.json)
-    ids = _prompt_ids(args, tok, text)
+    ids = encode_prompt(tok, text, args.chat)
     record = [] if args.record_routing else None
     runner = Runner(model, attention=args.attention, record=record)
     # decoding runs the device-resident round (graphed on CUDA unless --eager), greedy or sampled;
@@ -158,7 +159,7 @@ def cmd_generate(args) -> int:
             planner = AdaptivePlanner(profile, model.cfg.n_layers,
                                       allow_approx=args.precision == "approx")
         engine = _engine(args, runner, drafter) if use_engine else None
-        fallback = _fallback(args, opts) if args.mode == "ssv" and args.fallback else None
+        fallback = fallback_for(args.device, opts) if args.mode == "ssv" and args.fallback else None
         res = generate_spec(runner, drafter, ids, params, args.max_new_tokens, opts, seed=args.seed,
                             stop_ids=tok.eos_ids, progress=not args.json, planner=planner, engine=engine,
                             fallback=fallback)
@@ -274,11 +275,12 @@ CPU_BREAK_EVEN = {"linear": 1.3, "transposed": 1.6, "packed": 1.5}
 CPU_BREAK_EVEN_LOOKUP = {"linear": 1.6, "packed": 1.6}
 
 
-def _fallback(args, opts):
+def fallback_for(device: str, opts):
+    """--mode ssv's AR fall-back on `device` for the round `opts` (its break-even prior by the CPU's GEMM form)."""
     from ssv.spec.fallback import ArFallback
     # with a lookup a round accepts more than the head's agreement estimates: rounds alone judge
     extra = {"use_agreement": False} if opts is not None and opts.lookup else {}
-    if args.device != "cpu" or opts is None:
+    if device != "cpu" or opts is None:
         return ArFallback(**extra)
     from ssv.ops.linear.cpu import cpu_form
     form = cpu_form(4)
@@ -291,27 +293,35 @@ def _fallback(args, opts):
     return ArFallback(prior_break_even=prior, **extra)
 
 
-def _spec_options(args, n_layers: int):
-    """The tree and verification options of --mode sd-naive / ssv (validated)."""
+def spec_options(mode: str, device: str, n_layers: int, tree=(None, None, None), lookup=None, group_size: int = 4,
+                 precision: str = "strict", refresh_every: int = 1, traversal: str = "pos"):
+    """The tree and verification options of mode 'sd-naive' / 'ssv' (validated). tree: (depth, top-k,
+    nodes) with None for the default's; lookup None: the default's (see DEFAULT_TREE / CPU_TREES)."""
     from ssv.attention import VerifyOptions
     from ssv.engine.spec import SpecOptions
     from ssv.spec.tree import TreeSpec
 
-    given = (args.tree_depth, args.tree_topk, args.tree_tokens)
+    given = tuple(tree)
     # the CPU's profile tree only when no tree option is given (a partial choice fills in the default)
-    cpu = args.device == "cpu" and args.mode == "ssv" and all(v is None for v in given)
+    cpu = device == "cpu" and mode == "ssv" and all(v is None for v in given)
     # the GPU's lookup in the default tree's rows only when neither the tree nor the lookup is given
-    gpu = args.device != "cpu" and args.mode == "ssv" and all(v is None for v in given) and args.lookup is None
+    gpu = device != "cpu" and mode == "ssv" and all(v is None for v in given) and lookup is None
     shape = cpu_tree() if cpu else DEFAULT_TREE[:2] + (DEFAULT_TREE[2] - GPU_LOOKUP,) if gpu else DEFAULT_TREE
-    tree = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
-    if args.mode == "sd-naive":  # every verification query on its own, as a decode kernel would
+    spec = TreeSpec(*(v if v is not None else d for v, d in zip(given, shape)))
+    if mode == "sd-naive":  # every verification query on its own, as a decode kernel would
         verify = VerifyOptions(group_size=1, precision="strict")
     else:
-        verify = VerifyOptions(group_size=args.group_size, precision=args.precision,
-                               refresh=VerifyOptions.every(args.refresh_every, n_layers))
-    lookup = args.lookup if args.lookup is not None else (cpu_lookup() if cpu else GPU_LOOKUP if gpu else 0)
+        verify = VerifyOptions(group_size=group_size, precision=precision,
+                               refresh=VerifyOptions.every(refresh_every, n_layers))
+    lookup = lookup if lookup is not None else (cpu_lookup() if cpu else GPU_LOOKUP if gpu else 0)
     # the CPU verifies only the chain's new tokens (a row costs there); a graphed round, fixed rows
-    return SpecOptions(tree=tree, order=args.traversal, verify=verify, lookup=lookup, spares=args.device != "cpu")
+    return SpecOptions(tree=spec, order=traversal, verify=verify, lookup=lookup, spares=device != "cpu")
+
+
+def _spec_options(args, n_layers: int):
+    """`spec_options` from the command line's flags."""
+    return spec_options(args.mode, args.device, n_layers, (args.tree_depth, args.tree_topk, args.tree_tokens),
+                        args.lookup, args.group_size, args.precision, args.refresh_every, args.traversal)
 
 
 def _spec_setup(args, model):

@@ -556,19 +556,17 @@ def test_cpu_ssv_defaults_to_the_cpu_profile_tree(capsys, fast_default, random_h
 
 
 def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
-    from types import SimpleNamespace
-
     import ssv.ops.linear.cpu as cpu_gemm
     from ssv.engine.spec import SpecOptions
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
-    cpu = SimpleNamespace(device="cpu")
+    cpu = "cpu"
     lookups = set()
     for form, nodes, prior in (("linear", 3, 1.3), ("transposed", 4, 1.6), ("packed", 4, 1.5)):
         monkeypatch.setenv(cpu_gemm.ENV, form)
         assert cli.cpu_tree() == (2, 2, nodes)
-        assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes))).prior_break_even == prior
-        f = cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes), lookup=3, spares=False))
+        assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes))).prior_break_even == prior
+        f = cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(2, 2, nodes), lookup=3, spares=False))
         # with a lookup: the measured prior where there is one, and rounds alone judge
         assert f.prior_break_even == {"linear": 1.6, "packed": 1.6}.get(form, prior) and not f.use_agreement
         lookups.add(cli.cpu_lookup())
@@ -577,7 +575,7 @@ def test_cpu_tree_and_prior_follow_the_blas_form_for_four_rows(monkeypatch):
     assert len(lookups) == 1 and lookups.pop() > 0
     # a 4-node tree where the machine's own tree has 3 nodes takes the default prior
     monkeypatch.setenv(cpu_gemm.ENV, "linear")
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
+    assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(2, 2, 4))).prior_break_even == ArFallback().prior_break_even
 
 
 def test_a_calibrated_cpu_takes_the_fourth_node_where_it_costs_little(monkeypatch):
@@ -598,16 +596,14 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     """On the CPU's small tree the fall-back compares the prompt's estimate with the CPU's break-even
     (by its BLAS form), elsewhere with the default prior; a random head's drafts do not pay on a long prompt, so decoding is AR
     from the first step, the output is ar's, and stderr says why no round ran (no MAL of 0)."""
-    from types import SimpleNamespace
-
     from ssv.engine.spec import SpecOptions
     from ssv.spec.fallback import ArFallback
     from ssv.spec.tree import TreeSpec
-    cpu = SimpleNamespace(device="cpu")
+    cpu = "cpu"
     from ssv.ops.linear.cpu import cpu_form
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
-    assert cli._fallback(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
-    assert cli._fallback(SimpleNamespace(device="cuda"), SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == ArFallback().prior_break_even
+    assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
+    assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
+    assert cli.fallback_for("cuda", SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
     base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
     ar = succeeds(base + ["--json"], capsys)[0]
