@@ -11,7 +11,8 @@ if os.environ.get("PDL", "0") == "0":
 from torch.profiler import ProfilerActivity, profile
 from ssv.attention import VerifyOptions
 from ssv.attention_device import device_plan
-from ssv.bench.e2e_steps import RECORDED_OVERLAP, SHAPES, capture_graph, fill_cache, random_model, recorded_selections, synthetic_tree
+from ssv.bench.e2e_steps import (RECORDED_OVERLAP, SHAPES, capture_graph, fill_cache, random_model, recorded_selections,
+                                 synthetic_tree)
 from ssv.bench.kernels import environment, synthetic_selection
 from ssv.engine.device_round import DeviceEngine
 from ssv.engine.runner import Runner

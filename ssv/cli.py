@@ -60,7 +60,8 @@ def _prompt_text(args) -> str:
             with open(args.prompt_file, encoding="utf-8") as f:
                 text = f.read()
         except UnicodeDecodeError as e:
-            raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+            raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
     elif args.prompt is not None:
         text = args.prompt
     else:
@@ -97,7 +98,8 @@ def _check_generate(args) -> tuple:
     if args.mode != "ar":
         opts = _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
         if opts.tree.total_tokens < 2 and not opts.lookup:
-            raise ValueError("--tree-tokens 1 is the root alone: nothing would be drafted (give 2 or more, or --lookup)")
+            raise ValueError("--tree-tokens 1 is the root alone: nothing would be drafted (give 2 or more, "
+                             "or --lookup)")
         if not (args.host_round or args.record_routing):   # the device round keeps exactly the tree's nodes
             from ssv.spec.device import check_spec
             check_spec(opts.tree)

@@ -84,7 +84,8 @@ def test_bad_input_is_refused_and_leaves_it_usable(llm):
                     (dict(prompt=PROMPT, temperature=float("nan")), "temperature must be a finite number"),
                     (dict(prompt=PROMPT, top_p=0.0), "top_p must be in (0, 1]"),
                     (dict(prompt=PROMPT, lookup=3), "lookup does not apply to mode 'ar'"),
-                    (dict(prompt=PROMPT, mode="sd-naive", group_size=8), "group_size does not apply to mode 'sd-naive'"),
+                    (dict(prompt=PROMPT, mode="sd-naive", group_size=8),
+                     "group_size does not apply to mode 'sd-naive'"),
                     (dict(prompt=PROMPT, mode="ssv", group_size=3), "group size"),
                     (dict(prompt=PROMPT, mode="ssv", tree=(0, 2, 4)), "depth"),
                     (dict(prompt="word " * 9000, chat=False), "leaves no room in the context limit")):

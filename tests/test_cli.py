@@ -601,9 +601,10 @@ def test_cpu_fallback_prior_and_the_no_round_message(capsys, fast_default, rando
     from ssv.spec.tree import TreeSpec
     cpu = "cpu"
     from ssv.ops.linear.cpu import cpu_form
-    assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == cli.CPU_BREAK_EVEN[cpu_form(4)]
-    assert cli.fallback_for(cpu, SpecOptions(tree=TreeSpec(*cli.DEFAULT_TREE))).prior_break_even == ArFallback().prior_break_even
-    assert cli.fallback_for("cuda", SpecOptions(tree=TreeSpec(*cli.cpu_tree()))).prior_break_even == ArFallback().prior_break_even
+    prior = lambda device, tree: cli.fallback_for(device, SpecOptions(tree=TreeSpec(*tree))).prior_break_even  # noqa: E731
+    assert prior(cpu, cli.cpu_tree()) == cli.CPU_BREAK_EVEN[cpu_form(4)]
+    assert prior(cpu, cli.DEFAULT_TREE) == ArFallback().prior_break_even
+    assert prior("cuda", cli.cpu_tree()) == ArFallback().prior_break_even
     prompt = "List the planets of the solar system in order, with one short fact about each of them, please."
     base = ["generate", "--prompt", prompt, "--chat", "--max-new-tokens", 6]
     ar = succeeds(base + ["--json"], capsys)[0]

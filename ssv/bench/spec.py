@@ -375,7 +375,8 @@ def cmd_bench_spec(args) -> int:
                 s[1].options(1)   # a bad K fails first
     model, tok = load_model(args.model, args.device)
     if max(args.contexts) > model.cfg.max_seq_len:   # past the positions the model was trained for
-        raise ValueError(f"--contexts {max(args.contexts)} exceeds the model's context of {model.cfg.max_seq_len} tokens")
+        raise ValueError(f"--contexts {max(args.contexts)} exceeds the model's context of "
+                         f"{model.cfg.max_seq_len} tokens")
     drafter = load_drafter(args.draft, model)
     if texts is None:
         docs = {"code": eval_documents(tok, max(args.contexts), args.docs)}

@@ -49,8 +49,9 @@ def add_train_draft_parser(subparsers):
     a("--model", default="default", help="target checkpoint ('default' = SmolLM2-135M-Instruct)")
     a("--run-dir", required=True, help="run directory (data cache, state.pt, metrics); resumed when it exists")
     a("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    a("--smoke", action="store_true", help="tiny CPU-sized run (a few prompts, 32-token answers, 4 steps): sets the data and "
-                                      "training sizes, over any given")
+    a("--smoke", action="store_true",
+      help="tiny CPU-sized run (a few prompts, 32-token answers, 4 steps): sets the data and training sizes, "
+           "over any given")
     a("--export", metavar="DIR", help="write the trained head (config.json + model.safetensors) to DIR")
     a("--export-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     a("--time-budget", type=float, default=0, metavar="SECONDS", help="stop (and save) after this long (0: no limit)")
