@@ -10,6 +10,11 @@ Modes and defaults are the command line's (`ssv generate --help`): "ar" (autoreg
 (tree speculation, each query verified on its own) and "ssv" (grouped verification; strict greedy output
 equals "ar"'s, sampled output has its distribution). A prompt is text (the user's turn of the chat
 template unless chat=False) or token ids.
+
+An LLM keeps one CUDA graph set per kind of step it has run (AR; a round per tree shape and verify
+options), and sampling parameters are constants of a graph: each new (temperature, top_p) pair captures
+its own graphs (a second or so, and their memory, kept while the LLM lives). Not thread-safe: one
+generation at a time.
 """
 from __future__ import annotations
 
@@ -54,6 +59,11 @@ class LLM:
         return self
 
     def _setup(self, model, tok, device: str, draft: str, eager: bool) -> None:
+        if tok is None:
+            raise ValueError("this checkpoint has no tokenizer; ssv needs tokenizer.json beside it")
+        if draft != "default":   # a bad head folder refused now, not at the first speculative call
+            from ssv.draft.io import read_config
+            read_config(draft)
         self.model, self.tokenizer, self.device = model, tok, device
         self._draft, self._graphs = draft, device == "cuda" and not eager
         self._drafter = None
@@ -92,8 +102,13 @@ class LLM:
             raise ValueError(f"attention must be 'nsa' or 'dense', got {attention!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not 0 <= seed < 2 ** 63:
-            raise ValueError(f"seed must be in [0, 2^63), got {seed}")
+        seed = int(seed)
+        if not -2 ** 63 <= seed < 2 ** 64:   # what torch's generators take
+            raise ValueError(f"seed must be in [-2^63, 2^64), got {seed}")
+        if tree is not None:
+            if len(tree) != 3:
+                raise ValueError(f"tree must be (depth, top_k, nodes), None entries for the defaults, got {tree!r}")
+            tree = None if all(v is None for v in tree) else tuple(tree)
         params = SamplingParams(temperature=temperature, top_p=top_p)
         ids = self._ids(prompt, prompt_ids, chat)
         # an option the mode does not read is refused, not ignored (as the command line's flags)
@@ -108,8 +123,10 @@ class LLM:
             res = generate_ar(runner, ids, params, max_new_tokens, seed=seed, stop_ids=self.tokenizer.eos_ids,
                               engine=engine)
         else:
-            opts = spec_options(mode, self.device, self.model.cfg.n_layers, tuple(tree or (None, None, None)),
+            opts = spec_options(mode, self.device, self.model.cfg.n_layers, tree or (None, None, None),
                                 lookup, group_size, precision, refresh_every, traversal)
+            if opts.tree.total_tokens < 2 and not opts.lookup:
+                raise ValueError("a tree of 1 node is the root alone: nothing would be drafted")
             runner, engine = self._engine(attention, True)
             fb = fallback_for(self.device, opts) if mode == "ssv" and fallback else None
             res = generate_spec(runner, self._drafter, ids, params, max_new_tokens, opts, seed=seed,

@@ -91,8 +91,8 @@ def _check_generate(args) -> tuple:
         raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not 0 <= args.seed < 2 ** 63:   # torch's generators take a signed 64-bit seed
-        raise ValueError(f"--seed must be in [0, 2^63), got {args.seed}")
+    if not -2 ** 63 <= args.seed < 2 ** 64:   # what torch's generators take
+        raise ValueError(f"--seed must be in [-2^63, 2^64), got {args.seed}")
     _check_mode_flags(args)
     text, profile = _prompt_text(args), None
     if args.mode != "ar":

@@ -3,6 +3,7 @@ and engines across calls, and refuse bad input with a clear error that leaves th
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -62,6 +63,18 @@ def test_speculative_modes_equal_ar(llm, mode, kw):
     assert llm.generate(PROMPT, max_new_tokens=16).token_ids == ar.token_ids and llm._engines["nsa"] is engine
 
 
+def test_the_fall_backs_agreement_count_follows_the_tree(llm):
+    # the engine outlives a generation: its AR fall-back's catch-up counts the head's agreement at the
+    # branching of the tree in use, one catch-up graph per k (it was fixed by the first tree)
+    ar = llm.generate(PROMPT, max_new_tokens=12)
+    for tree, k in (((2, 2, 3), 2), ((4, 6, 16), 6)):
+        out = llm.generate(PROMPT, max_new_tokens=12, mode="ssv", tree=tree, lookup=0)
+        assert out.token_ids == ar.token_ids
+        eng = llm._engines["nsa"]
+        # (the ring is made where the fall-back's AR steps are prepared, before the decode clock)
+        assert eng.ring is not None and eng.ring.k == k and eng._catch_up_phases()[0][0] == ("catch-up", k)
+
+
 def test_dense_attention_and_sampling(llm):
     d = llm.generate(PROMPT, max_new_tokens=8, attention="dense")
     assert llm._runners["dense"].attention == "dense" and 1 <= len(d.token_ids) <= 8
@@ -80,7 +93,6 @@ def test_bad_input_is_refused_and_leaves_it_usable(llm):
                     (dict(prompt=PROMPT, mode="beam"), "mode must be one of"),
                     (dict(prompt=PROMPT, attention="sparse"), "attention must be 'nsa' or 'dense'"),
                     (dict(prompt=PROMPT, max_new_tokens=0), "max_new_tokens must be >= 1"),
-                    (dict(prompt=PROMPT, seed=-1), "seed must be in"),
                     (dict(prompt=PROMPT, temperature=float("nan")), "temperature must be a finite number"),
                     (dict(prompt=PROMPT, top_p=0.0), "top_p must be in (0, 1]"),
                     (dict(prompt=PROMPT, lookup=3), "lookup does not apply to mode 'ar'"),
@@ -88,10 +100,24 @@ def test_bad_input_is_refused_and_leaves_it_usable(llm):
                      "group_size does not apply to mode 'sd-naive'"),
                     (dict(prompt=PROMPT, mode="ssv", group_size=3), "group size"),
                     (dict(prompt=PROMPT, mode="ssv", tree=(0, 2, 4)), "depth"),
+                    (dict(prompt=PROMPT, mode="ssv", tree=(2, 2)), "tree must be (depth, top_k, nodes)"),
+                    (dict(prompt=PROMPT, mode="ssv", tree=(2, 2, 1), lookup=0), "root alone"),
+                    (dict(prompt=PROMPT, seed=2 ** 64), "seed must be in [-2^63, 2^64)"),
                     (dict(prompt="word " * 9000, chat=False), "leaves no room in the context limit")):
-        with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ValueError, match=re.escape(msg)):
             llm.generate(**{"max_new_tokens": 6, **kw})
     assert llm.generate(PROMPT, max_new_tokens=6).token_ids == good.token_ids
+    # the defaults spelled out, and a numpy seed, are what they mean
+    import numpy as np
+    assert llm.generate(PROMPT, max_new_tokens=6, tree=(None, None, None), seed=np.int64(0)).token_ids == good.token_ids
+
+
+def test_llm_refuses_what_it_cannot_serve(default_model, tmp_path):
+    model, tok = default_model
+    with pytest.raises(ValueError, match="no tokenizer"):
+        ssv.LLM.from_model(model, None)
+    with pytest.raises(FileNotFoundError, match="EAGLE-3 head folder not found"):
+        ssv.LLM.from_model(model, tok, draft=str(tmp_path / "no-head"))
 
 
 def test_llm_loads_by_name(default_model):

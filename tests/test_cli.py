@@ -159,8 +159,8 @@ def test_generate_refuses_bad_options_before_loading_the_model(capsys, monkeypat
     with pytest.raises(AssertionError, match="the model was loaded"):
         main([str(a) for a in spec + ["--tree-depth", 2, "--tree-topk", 2, "--tree-tokens", 4]])
     hi = base + ["--prompt", "hi"]
-    fails(hi + ["--seed", 2 ** 63], capsys, "--seed must be in [0, 2^63)")
-    fails(hi + ["--seed", -1], capsys, "--seed must be in [0, 2^63)")
+    fails(hi + ["--seed", 2 ** 64], capsys, "--seed must be in [-2^63, 2^64)")
+    fails(hi + ["--seed", -2 ** 63 - 1], capsys, "--seed must be in [-2^63, 2^64)")
     fails(hi + ["--record-routing", tmp_path], capsys, "--record-routing", "is a folder")
     fails(base + ["--prompt-file", tmp_path], capsys, "is a folder, not a text file")
     latin = tmp_path / "latin1.txt"

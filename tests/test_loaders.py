@@ -808,7 +808,8 @@ def test_truncated_files_are_named(llama_copy, tiny_gguf, tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("max_position_embeddings", 0), ("max_position_embeddings", -8),
-                                       ("num_key_value_heads", 0), ("head_dim", 2.5), ("head_dim", "16")])
+                                       ("num_key_value_heads", 0), ("head_dim", 2.5), ("head_dim", "16"),
+                                       ("max_position_embeddings", float("inf")), ("head_dim", float("nan"))])
 def test_config_counts_must_be_positive_integers(llama_copy, key, value):
     # `cfg.get(key) or default` took a 0 for a missing entry (a context of 8192 from a config saying 0)
     cfg = json.loads((llama_copy / "config.json").read_text())

@@ -167,15 +167,17 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))]
 
     def _catch_up_phases(self):
-        return [(("catch-up",), self.ring.commit_body)]
+        k = self.ring.k
+        return [(("catch-up", k), lambda: self.ring.commit_body(k))]
 
     def _ring(self, top_k: int) -> RowRing:
         """The AR steps' drafter rows (a fall-back's), made at the first step that keeps them; top_k:
-        the tree's branching, for the catch-up's agreement count (fixed when the ring is made)."""
+        the tree's branching, for the catch-up's agreement count (the latest step's)."""
         if self.drafter is None:
             raise ValueError("keep_taps needs a drafter")
         if self.ring is None:
             self.ring = RowRing(self.runner, self.drafter, top_k)
+        self.ring.set_k(top_k)
         return self.ring
 
     def _spec_phases(self, opts, params=None):
@@ -236,8 +238,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
     def launch_ar(self, params=None, keep_taps: bool = False, top_k: int = 8) -> dict:
         """Launch one AR step (greedy, or sampled with `params`); `finish` gives its token. keep_taps:
         the step also keeps the drafter's row (a fall-back from speculation: `catch_up` commits the
-        rows before the next round); top_k: the tree's branching, for the catch-up's agreement count
-        (fixed when the ring is made)."""
+        rows before the next round); top_k: the tree's branching, for the catch-up's agreement count."""
         if keep_taps and self._ring(top_k).full:
             self.catch_up()
         if _pkey(params) is not None:

@@ -9,6 +9,8 @@ round (`ArFallback.observe_agreement`).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -28,9 +30,14 @@ class RowRing:
         # (top-1 hits, top-k hits, pairs) since the last read; drafters that can predict rows only
         predicts = getattr(drafter, "vocab_ids", None) is not None and hasattr(drafter, "head")
         self.agree = torch.zeros(3, dtype=torch.long, device=dev) if predicts else None
-        self.k = max(1, min(int(top_k), drafter.vocab_ids.numel())) if predicts else 1
+        self.set_k(top_k)
         self.pending = 0               # rows written (the host's count)
         self._unread = False
+
+    def set_k(self, top_k: int) -> None:
+        """The tree's branching for the next catch-up's agreement count (a catch-up graph per k: an engine
+        kept across generations, or a planner's strategies, may change it)."""
+        self.k = max(1, min(int(top_k), self.drafter.vocab_ids.numel())) if self.agree is not None else 1
 
     def tensors(self) -> list:
         """The ring's device state (saved and restored around a capture's warm-up)."""
@@ -46,12 +53,14 @@ class RowRing:
         self.toks.index_copy_(0, self.cnt, nxt)
         self.cnt.add_(1)
 
-    def commit_body(self) -> None:
-        """The catch-up (captured): commit the rows; count the depth-1 hits on the next row's token."""
+    def commit_body(self, k: Optional[int] = None) -> None:
+        """The catch-up (captured, one graph per k): commit the rows; count the depth-1 hits on the next
+        row's token among the drafter's top k (default: the ring's k)."""
+        k = self.k if k is None else k
         if self.agree is None:
             self.drafter.commit_rows(self.feats, self.toks, self.cnt)
         else:
-            pred = self.drafter.commit_rows(self.feats, self.toks, self.cnt, predict=self.k)     # [R, k]
+            pred = self.drafter.commit_rows(self.feats, self.toks, self.cnt, predict=k)          # [R, k]
             i = torch.arange(1, self.toks.numel(), device=self.toks.device)
             pair = i < self.cnt
             hit = pred[:-1] == self.toks[1:, None]

@@ -102,7 +102,7 @@ class Runner:
         if len(ids) == 0:
             raise ValueError("empty prompt: give at least one token")
         # an embedding lookup past the table is an opaque IndexError (a device assert on CUDA)
-        lo, hi = (int(ids.min()), int(ids.max())) if isinstance(ids, torch.Tensor) else (min(ids), max(ids))
+        lo, hi = (int(x) for x in torch.aminmax(torch.as_tensor(ids)))
         if lo < 0 or hi >= self.model.cfg.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.model.cfg.vocab_size})")

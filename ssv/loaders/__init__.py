@@ -11,6 +11,7 @@ implies.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
@@ -139,7 +140,8 @@ def config_int(cfg: Mapping, key: str, default: int, where: str) -> int:
     value = cfg.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < 1):
         raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
     return int(value)
 

@@ -290,8 +290,10 @@ def convert_gguf(path, *, progress: bool = True):
     where = str(path)
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OSError) as e:   # bad magic, a truncated copy, ...: name the file
+    except (ValueError, IndexError, KeyError) as e:   # bad magic, a truncated copy, ...: name the file
         raise ValueError(f"cannot read {path}: not a complete GGUF file ({type(e).__name__}: {e})") from None
+    except OSError as e:   # permissions, a folder, ...
+        raise ValueError(f"cannot read {path}: {e}") from None
     config = config_from_gguf(reader, where)
     arch = _field(reader, "general.architecture")
 
