@@ -2,8 +2,7 @@
 # Session 51's device calls.
 #   a: carry [".whl"]  the dense kernel's CUDA tests and the default model's dense steps at the final code of
 #      session 50 (its one-tile merge never ran on a GPU); where a Llama-shape step's kernel time goes at 64K
-#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off); routing's launches;
-#      `ssv bench kernels` at Llama 64K / 64
+#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off); #      `ssv bench kernels` at Llama 64K / 64
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 export SSV_COMMIT=${SSV_COMMIT:-head}
@@ -14,10 +13,7 @@ a)
         | tail -3 | tee "$OUTD/tests-dense.log"
     OUT=$OUTD CTX=65536 timeout 130 python3 scripts/profile_steps.py 2>&1 | grep -v -i warn | tee "$OUTD/profile-steps-64k.txt"
     # #12's kernel matrix at its case (Llama 64K / 64): the exact grouping's ratio and the dense verify row
-    timeout 100 python3 -m ssv bench kernels --shapes llama3.1-8b --contexts 65536 --trees 64 --matrix cross \
+    timeout 90 python3 -m ssv bench kernels --shapes llama3.1-8b --contexts 65536 --trees 64 --matrix cross \
         --out "$OUTD/kernels-64k" 2>&1 | grep -v -i warn | tail -30
-    # routing's launches at Llama 64K / 64 and / 48 and the default model's 4K / 48, with narrower path slot tiles too
-    timeout 40 python3 scripts/probe_route.py "$OUTD/probe-route.json" --cases 0 16 2 --slot-tiles 32 2>&1 \
-        | grep -v -i warn | tee "$OUTD/probe-route.txt"
     ;;
 esac
