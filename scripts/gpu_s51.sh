@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 51's device calls.
-#   a: carry [".whl"]  the dense kernel's CUDA tests and the default model's dense steps at the final code of
-#      session 50 (its one-tile merge never ran on a GPU); where a Llama-shape step's kernel time goes at 64K
-#      (scripts/profile_steps.py: ar-nsa, ssv strict, sd-naive, verify dense; PDL off); #      `ssv bench kernels` at Llama 64K / 64
+#   a: carry [".whl"]  the dense kernel's CUDA tests at the final code of session 50 (its one-tile merge never
+#      ran on a GPU); where a Llama-shape step's kernel time goes at 64K (scripts/profile_steps.py: ar-nsa,
+#      ssv strict, sd-naive, verify dense; PDL off); `ssv bench kernels` at Llama 64K / 64 (#12's case)
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; e2e's GGUF assembly
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 export SSV_COMMIT=${SSV_COMMIT:-head}
