@@ -17,6 +17,8 @@ from ssv.engine.device_round import DeviceEngine
 from ssv.bench.e2e import mode_table
 from ssv.spec.accept import SamplingParams
 from ssv.spec.tree import TreeSpec
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_table import by_kernel, print_rows  # noqa: E402
 TEMP = float(os.environ.get("TEMP", "0"))
 # PDL=0: every kernel launched without programmatic dependent launch, so a kernel's recorded time is
 # its own (under PDL it includes its programs' wait after an early start) and the table says what
@@ -66,20 +68,11 @@ for mode in MODES:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    by = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            k = e.name[:60]
-            t = by.setdefault(k, [0, 0.0])
-            t[0] += 1
-            t[1] += e.time_range.end - e.time_range.start
-    rows = sorted(({"kernel": k, "per_round": c / n, "us_per_round": us / n} for k, (c, us) in by.items()),
-                  key=lambda x: -x["us_per_round"])
+    rows = by_kernel(prof, n, "round")
     res["rounds"][mode] = rows
     tot = sum(x["us_per_round"] for x in rows)
     print(f"== {mode}: round {res['round_ms'][mode]*1e3:.0f} us, kernel time {tot:.0f} us per round, {sum(x['per_round'] for x in rows):.0f} kernels")
-    for x in rows[:22]:
-        print(f"  {x['us_per_round']:8.1f} us  {x['per_round']:6.1f} x  {x['kernel']}")
+    print_rows(rows, "round", 22)
     r.cache.dlen.fill_(CTX); r.cache.length = CTX
 tag = ("".join("-" + p.split(".")[-1].replace("=", "") for p in sys.argv[1:]) + (f"-t{TEMP:g}" if TEMP > 0 else "")
        + ("-nopdl" if NOPDL else ""))

@@ -16,6 +16,8 @@ from ssv.bench.e2e_steps import (RECORDED_OVERLAP, SHAPES, capture_graph, fill_c
 from ssv.bench.kernels import environment, synthetic_selection
 from ssv.engine.device_round import DeviceEngine
 from ssv.engine.runner import Runner
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_table import by_kernel, print_rows  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "65536"))
 SHAPE = os.environ.get("SHAPE", "llama3.1-8b")
@@ -39,19 +41,11 @@ def prof(name, g, before):
             before()
             g.replay()
         torch.cuda.synchronize()
-    by = {}
-    for e in p.events():
-        if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower():
-            t = by.setdefault(e.name[:70], [0, 0.0])
-            t[0] += 1
-            t[1] += e.time_range.end - e.time_range.start
-    rows = sorted(({"kernel": k, "per_step": c / REPS, "us_per_step": us / REPS} for k, (c, us) in by.items()),
-                  key=lambda x: -x["us_per_step"])
+    rows = by_kernel(p, REPS, "step", width=70, copies=False)
     res["steps"][name] = rows
     tot = sum(x["us_per_step"] for x in rows)
     print(f"== {name} at {CTX}: kernel time {tot:.0f} us a step, {sum(x['per_step'] for x in rows):.0f} kernels")
-    for x in rows[:16]:
-        print(f"  {x['us_per_step']:8.1f} us  {x['per_step']:6.1f} x  {x['kernel']}")
+    print_rows(rows, "step", 16)
 
 
 with torch.no_grad():

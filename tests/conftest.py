@@ -108,3 +108,21 @@ def word_tokenizer():
 def tiny_model():
     """Factory: tiny_model(seed, **kw) -> a random tiny Transformer (see make_tiny_model)."""
     return make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def random_head(tmp_path_factory, default_model):
+    """The folder of an untrained EAGLE-3 head for the default model (acceptance is low; losslessness is what
+    the tests that draft with it check)."""
+    import random
+
+    from ssv.draft import Eagle3Config, Eagle3Head, save_eagle3
+
+    model, _ = default_model
+    torch.manual_seed(random.SystemRandom().randrange(2 ** 31))
+    cfg = Eagle3Config.for_target(model.cfg, 512, window=64)
+    head = Eagle3Head(cfg)
+    head.set_vocab(torch.randperm(model.cfg.vocab_size)[:512])
+    folder = tmp_path_factory.mktemp("head")
+    save_eagle3(folder, head, cfg)
+    return folder

@@ -2,7 +2,6 @@
 and engines across calls, and refuse bad input with a clear error that leaves the object usable."""
 from __future__ import annotations
 
-import random
 import re
 
 import pytest
@@ -16,24 +15,10 @@ from ssv.spec.accept import SamplingParams
 PROMPT = "Name three colours of the rainbow."
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory, default_model):
-    """An untrained EAGLE-3 head for the default model (acceptance is low; losslessness is what counts)."""
-    from ssv.draft import Eagle3Config, Eagle3Head, save_eagle3
-    model, _ = default_model
-    torch.manual_seed(random.SystemRandom().randrange(2 ** 31))
-    cfg = Eagle3Config.for_target(model.cfg, 512, window=64)
-    h = Eagle3Head(cfg)
-    h.set_vocab(torch.randperm(model.cfg.vocab_size)[:512])
-    folder = tmp_path_factory.mktemp("head")
-    save_eagle3(folder, h, cfg)
-    return folder
-
-
 @pytest.fixture
-def llm(default_model, head):
+def llm(default_model, random_head):
     model, tok = default_model
-    return ssv.LLM.from_model(model, tok, draft=str(head))
+    return ssv.LLM.from_model(model, tok, draft=str(random_head))
 
 
 def test_ar_equals_generate_ar_and_reuses_the_runner(llm, default_model):

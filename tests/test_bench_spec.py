@@ -13,7 +13,7 @@ from ssv.spec.tree import TreeSpec
 from .draft.helpers import tiny_head, tiny_target
 from .engine.test_spec import NSA
 from .test_bench_e2e import WordTok   # one token per word, its length (1..20: inside the tiny vocabulary)
-from .test_cli import fails, fast_default, random_head, succeeds  # noqa: F401 -- fixtures
+from .test_cli import fails, fast_default, succeeds  # noqa: F401 -- fixtures
 
 CONTEXTS = [40, 70]
 
@@ -175,7 +175,7 @@ def test_old_rows_without_family_still_summarize():
     assert (prose["family"], prose["docs"]) == ("prose", 1)
 
 
-def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, random_head, tmp_path):  # noqa: F811
+def test_bench_spec_command_by_family_and_temperature(capsys, fast_default, random_head, tmp_path):
     words = "The quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 12
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"code": ["def f(x):\n    return x + 1\n" * 20], "chat": [words]}))

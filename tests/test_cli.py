@@ -448,21 +448,6 @@ def test_python_dash_m_ssv(tmp_path):
         assert p.returncode == 0 and "--context" in p.stdout
 
 
-@pytest.fixture(scope="module")
-def random_head(tmp_path_factory, default_model):
-    """An untrained EAGLE-3 head for the default model (acceptance is low; losslessness is what counts)."""
-    from ssv.draft import Eagle3Config, Eagle3Head, save_eagle3
-
-    model, _ = default_model
-    torch.manual_seed(fresh_seed())
-    cfg = Eagle3Config.for_target(model.cfg, 512, window=64)
-    head = Eagle3Head(cfg)
-    head.set_vocab(torch.randperm(model.cfg.vocab_size)[:512])
-    folder = tmp_path_factory.mktemp("head")
-    save_eagle3(folder, head, cfg)
-    return folder
-
-
 @pytest.mark.parametrize("mode_args", [["--mode", "sd-naive"],
                                        ["--mode", "ssv", "--group-size", "4", "--traversal", "dfs", "--no-fallback"],
                                        ["--mode", "ssv", "--lookup", "6", "--no-fallback"]])
