@@ -21,12 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ssv.cli import encode_prompt, fallback_for, load_model, spec_options
-
-MODES = ("ar", "sd-naive", "ssv")
-# the speculative options and their defaults: mode "ar" reads none, "sd-naive" the first three
-_DEFAULTS = dict(tree=None, lookup=None, traversal="pos", fallback=True, precision="strict", group_size=4,
-                 refresh_every=1)
+from ssv.cli import MODES, check_seed, encode_prompt, fallback_for, load_model, spec_options, unread_options
 
 
 @dataclass
@@ -103,19 +98,15 @@ class LLM:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         seed = int(seed)
-        if not -2 ** 63 <= seed < 2 ** 64:   # what torch's generators take
-            raise ValueError(f"seed must be in [-2^63, 2^64), got {seed}")
-        if tree is not None:
-            if len(tree) != 3:
-                raise ValueError(f"tree must be (depth, top_k, nodes), None entries for the defaults, got {tree!r}")
-            tree = None if all(v is None for v in tree) else tuple(tree)
+        check_seed(seed, "seed")
+        tree = (None, None, None) if tree is None else tuple(tree)
+        if len(tree) != 3:
+            raise ValueError(f"tree must be (depth, top_k, nodes), None entries for the defaults, got {tree!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p)
         ids = self._ids(prompt, prompt_ids, chat)
-        # an option the mode does not read is refused, not ignored (as the command line's flags)
-        chosen = dict(tree=tree, lookup=lookup, traversal=traversal, fallback=fallback, precision=precision,
-                      group_size=group_size, refresh_every=refresh_every)
-        unread = list(_DEFAULTS) if mode == "ar" else list(_DEFAULTS)[3:] if mode == "sd-naive" else []
-        given = [k for k in unread if chosen[k] != _DEFAULTS[k]]
+        given = unread_options(mode, dict(tree_depth=tree[0], tree_topk=tree[1], tree_tokens=tree[2], lookup=lookup,
+                                          traversal=traversal, fallback=fallback, precision=precision,
+                                          group_size=group_size, refresh_every=refresh_every))
         if given:
             raise ValueError(f"{given[0]} does not apply to mode {mode!r}")
         if mode == "ar":
@@ -123,10 +114,8 @@ class LLM:
             res = generate_ar(runner, ids, params, max_new_tokens, seed=seed, stop_ids=self.tokenizer.eos_ids,
                               engine=engine)
         else:
-            opts = spec_options(mode, self.device, self.model.cfg.n_layers, tree or (None, None, None),
-                                lookup, group_size, precision, refresh_every, traversal)
-            if opts.tree.total_tokens < 2 and not opts.lookup:
-                raise ValueError("a tree of 1 node is the root alone: nothing would be drafted")
+            opts = spec_options(mode, self.device, self.model.cfg.n_layers, tree, lookup, group_size, precision,
+                                refresh_every, traversal)
             runner, engine = self._engine(attention, True)
             fb = fallback_for(self.device, opts) if mode == "ssv" and fallback else None
             res = generate_spec(runner, self._drafter, ids, params, max_new_tokens, opts, seed=seed,

@@ -91,15 +91,15 @@ def _check_generate(args) -> tuple:
         raise FileNotFoundError(f"--record-routing: folder of {args.record_routing} does not exist")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not -2 ** 63 <= args.seed < 2 ** 64:   # what torch's generators take
-        raise ValueError(f"--seed must be in [-2^63, 2^64), got {args.seed}")
-    _check_mode_flags(args)
+    check_seed(args.seed, "--seed")
+    given = unread_options(args.mode, vars(args))
+    if given:
+        flag = "--no-fallback" if given[0] == "fallback" else "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} does not apply to --mode {args.mode}"
+                         + (" (every query is verified on its own there)" if args.mode == "sd-naive" else ""))
     text, profile = _prompt_text(args), None
     if args.mode != "ar":
         opts = _spec_options(args, n_layers=1)   # the refresh schedule's length is the model's; its rules are not
-        if opts.tree.total_tokens < 2 and not opts.lookup:
-            raise ValueError("--tree-tokens 1 is the root alone: nothing would be drafted (give 2 or more, "
-                             "or --lookup)")
         if not (args.host_round or args.record_routing):   # the device round keeps exactly the tree's nodes
             from ssv.spec.device import check_spec
             check_spec(opts.tree)
@@ -112,21 +112,23 @@ def _check_generate(args) -> tuple:
     return text, profile
 
 
-# flags of the speculative modes, their defaults (argparse's: a flag left at it is not a choice the user made)
-_SPEC_FLAGS = {"draft": "default", "tree_depth": None, "tree_topk": None, "tree_tokens": None, "traversal": "pos",
-               "lookup": None, "profile": None, "fallback": True}
-_SSV_FLAGS = {"group_size": 4, "precision": "strict", "refresh_every": 1, "profile": None, "fallback": True}
+# the speculative modes' options and their defaults (an option left at its default is not a choice the user
+# made): mode "ar" reads none of them, "sd-naive" the first group only
+SPEC_OPTIONS = {"draft": "default", "tree_depth": None, "tree_topk": None, "tree_tokens": None, "traversal": "pos",
+                "lookup": None}
+SSV_OPTIONS = {"group_size": 4, "precision": "strict", "refresh_every": 1, "profile": None, "fallback": True}
 
 
-def _check_mode_flags(args) -> None:
-    """A flag the chosen --mode does not read is refused, not ignored (a run would not be what was asked)."""
-    unread = dict(_SPEC_FLAGS, **_SSV_FLAGS) if args.mode == "ar" else _SSV_FLAGS if args.mode == "sd-naive" else {}
-    given = [k for k, d in unread.items() if getattr(args, k) != d]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        flag = "--no-fallback" if given[0] == "fallback" else flag
-        raise ValueError(f"{flag} does not apply to --mode {args.mode}"
-                         + (" (every query is verified on its own there)" if args.mode == "sd-naive" else ""))
+def unread_options(mode: str, options: dict) -> list:
+    """The names in `options` set away from their defaults that `mode` does not read: refused, not ignored (a
+    run would not be what was asked). The command line and the API (`ssv.api`) both check with it."""
+    unread = {**SPEC_OPTIONS, **SSV_OPTIONS} if mode == "ar" else SSV_OPTIONS if mode == "sd-naive" else {}
+    return [k for k, d in unread.items() if k in options and options[k] != d]
+
+
+def check_seed(seed: int, name: str) -> None:
+    if not -2 ** 63 <= seed < 2 ** 64:   # what torch's generators take
+        raise ValueError(f"{name} must be in [-2^63, 2^64), got {seed}")
 
 
 def cmd_generate(args) -> int:
@@ -316,6 +318,9 @@ def spec_options(mode: str, device: str, n_layers: int, tree=(None, None, None),
         verify = VerifyOptions(group_size=group_size, precision=precision,
                                refresh=VerifyOptions.every(refresh_every, n_layers))
     lookup = lookup if lookup is not None else (cpu_lookup() if cpu else GPU_LOOKUP if gpu else 0)
+    if spec.total_tokens < 2 and not lookup:
+        raise ValueError("a tree of 1 node is the root alone: nothing would be drafted (give 2 nodes or more, "
+                         "or a lookup)")
     # the CPU verifies only the chain's new tokens (a row costs there); a graphed round, fixed rows
     return SpecOptions(tree=spec, order=traversal, verify=verify, lookup=lookup, spares=device != "cpu")
 

@@ -9,8 +9,6 @@ round (`ArFallback.observe_agreement`).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
@@ -53,10 +51,9 @@ class RowRing:
         self.toks.index_copy_(0, self.cnt, nxt)
         self.cnt.add_(1)
 
-    def commit_body(self, k: Optional[int] = None) -> None:
+    def commit_body(self, k: int) -> None:
         """The catch-up (captured, one graph per k): commit the rows; count the depth-1 hits on the next
-        row's token among the drafter's top k (default: the ring's k)."""
-        k = self.k if k is None else k
+        row's token among the drafter's top k."""
         if self.agree is None:
             self.drafter.commit_rows(self.feats, self.toks, self.cnt)
         else:
