@@ -43,13 +43,22 @@ def gemms(shape):
             ("down", h, i, False, False, True)]
 
 
-def configs(m: int, quick: bool):
+# (bn, bk, warps, stages) added for GEMMs of >= 8M weights (the Llama-3.1-8B shape's 34-235 MB): a program then
+# streams 0.25-1 MB of weights, and what bounds it is the bytes it keeps in flight (bn x bk x stages), which the
+# small model's grid (<= 32 x 256 x 8 at one row, 32 x 128 x 6 at more) keeps low
+WIDE = ((32, 256, 4, 4), (32, 256, 4, 6), (32, 128, 4, 8), (64, 128, 4, 4), (64, 128, 8, 6), (64, 256, 8, 4),
+        (16, 256, 4, 6), (16, 512, 4, 4), (128, 128, 8, 3), (128, 64, 8, 6))
+
+
+def configs(m: int, quick: bool, n: int = 0, k: int = 0):
     bm = row_tile(m)
     if m == 1:
         grid = itertools.product((16, 32), (64, 128, 256), (3, 4, 6, 8))
     else:
         grid = itertools.product((16, 32), (64, 128), (3, 4, 6))
     out = [LinearLaunch(bm, bn, bk, 4, s) for bn, bk, s in grid]
+    if n * k >= 8 << 20:
+        out = out[:4] + [LinearLaunch(bm, bn, bk, w, s) for bn, bk, w, s in WIDE if bk <= k]
     return out[:4] if quick else out
 
 
@@ -135,9 +144,9 @@ def run(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False, dev=
         rows.append(dict(row, impl="cublas", config=None, us=base, weight_mb=ws[0].numel() * 2 / 1e6))
         dflt = default_launch(m, k)
         choose(f"{shape:14s} {name:8s} m={m:3d}", gemm_key(m, n, k, glu, norm, acc), gemm_key(1, n, k, glu, norm, acc),
-               base, "cublas", [dflt] + [c for c in configs(m, quick) if c != dflt], trial, rows, row, best_out,
-               invariant, "triton-pdl" if pdl else "triton", (lambda lp: _bench(triton_fn(lp), layers)) if pdl else None,
-               dflt)
+               base, "cublas", [dflt] + [c for c in configs(m, quick, n, k) if c != dflt], trial, rows, row,
+               best_out, invariant, "triton-pdl" if pdl else "triton",
+               (lambda lp: _bench(triton_fn(lp), layers)) if pdl else None, dflt)
         del ws
 
 
@@ -196,7 +205,7 @@ def run_rope(shape, m, layers, quick, rows, best_out, invariant=None, pdl=False,
     choose(f"{shape:14s} {name} m={m:3d}", gemm_key(m, n, k, False, not draft, False, rope=True),
            gemm_key(1, n, k, False, not draft, False, rope=True), base,
            f"unfused ({'kernel' if lq else 'cuBLAS'} + rope_write)",
-           [c for c in configs(m, quick) if (d // 2) % c.bn == 0], trial, rows, row, best_out, invariant,
+           [c for c in configs(m, quick, n, k) if (d // 2) % c.bn == 0], trial, rows, row, best_out, invariant,
            "triton-pdl" if pdl else "triton")
 
 

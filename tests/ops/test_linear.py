@@ -315,6 +315,20 @@ def test_probe_lists_only_the_ar_steps_tiles_under_the_batch_invariant_rule():
         assert (got == pl.table_entry(inv, inv_us, 2.0)) if listed else (got is None and best == {})
 
 
+def test_probe_adds_wide_tiles_only_for_large_weights():
+    """The small model's GEMMs keep their grid; a Llama-size GEMM also gets the wide tiles (bk never past K),
+    and every tile is one the kernel takes (powers of two >= 16, the row tile from M)."""
+    pl = _probe_module()
+    for m in (1, 48):
+        small = pl.configs(m, False, 1536, 576)
+        assert small == pl.configs(m, False)
+        big = pl.configs(m, False, 4096, 14336)
+        assert big[:4] == small[:4] and any(c.bn >= 64 and c.warps == 8 for c in big)
+        assert len(pl.configs(m, True, 4096, 14336)) == 4
+        assert all(c.bm == pl.row_tile(m) and c.bk <= 14336 and not c.bn & (c.bn - 1) for c in big)
+    assert all(c.bk <= 256 for c in pl.configs(48, False, 16384, 256))
+
+
 def test_probe_runs_every_gemm_and_the_rope_case(monkeypatch):
     """The probe end to end on this device with a fake clock (the interpreter on the CPU): every GEMM
     of the default model's layer and q|k|v with RoPE, every tile compiled, run and checked (on a GPU
@@ -322,7 +336,7 @@ def test_probe_runs_every_gemm_and_the_rope_case(monkeypatch):
     pl = _probe_module()
     monkeypatch.setattr(pl, "_bench", lambda fn, layers: (fn(), 1.0)[1])   # a call, then a fixed time
     grid = pl.configs
-    monkeypatch.setattr(pl, "configs", lambda m, quick: grid(m, quick)[-1:])   # one tile besides the default
+    monkeypatch.setattr(pl, "configs", lambda m, quick, n=0, k=0: grid(m, quick, n, k)[-1:])   # one besides the default
     rows, best = [], {}
     pl.run("smollm2-135m", 1, 1, True, rows, best, dev=DEV)
     pl.run_rope("smollm2-135m", 1, 1, True, rows, best, dev=DEV)
