@@ -28,7 +28,7 @@ case "${1:?call}" in
 q0)
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-    timeout ${PROBE_TIMEOUT:-400} python3 scripts/probe_gemm_rows.py "$OUTD/gemm-rows.json" 2>&1 | grep -v -i warn \
+    timeout ${PROBE_TIMEOUT:-300} python3 scripts/probe_gemm_rows.py "$OUTD/gemm-rows.json" 2>&1 | grep -v -i warn \
         | tee "$OUTD/gemm-rows.txt"
     ;;
 q1)
