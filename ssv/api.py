@@ -12,9 +12,8 @@ equals "ar"'s, sampled output has its distribution). A prompt is text (the user'
 template unless chat=False) or token ids.
 
 An LLM keeps one CUDA graph set per kind of step it has run (AR; a round per tree shape and verify
-options), and sampling parameters are constants of a graph: each new (temperature, top_p) pair captures
-its own graphs (a second or so, and their memory, kept while the LLM lives). Not thread-safe: one
-generation at a time.
+options; greedy, sampled, sampled with top-p): temperature and top_p are device scalars the graphs read,
+so a new setting replays the graphs already captured. Not thread-safe: one generation at a time.
 """
 from __future__ import annotations
 

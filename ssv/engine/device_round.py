@@ -19,15 +19,16 @@ from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
 from ssv.engine.prefill import PREFILL_CHUNK, DevicePrefill  # noqa: F401 -- PREFILL_CHUNK: the engine's API
-from ssv.spec.accept import probs_unchecked
+from ssv.spec.accept import DeviceSampling, probs_unchecked
 from ssv.spec.device import check_spec, grow_flat
 from ssv.spec.device_accept import accept_greedy_round, accept_sample_round, sample_device
 from ssv.spec.lookup import grow_with_chain
 
 
 def _pkey(params):
-    """The sampling parameters as a graph key (None for greedy): they are constants of a graph."""
-    return None if params is None or params.greedy else (float(params.temperature), float(params.top_p))
+    """The sampling parameters' graph key (None for greedy): only whether top-p filters. Temperature and top-p
+    are device scalars (`DeviceSampling`) that a graph reads, so one graph serves every setting."""
+    return None if params is None or params.greedy else ("sample", params.filters)
 
 
 def _sample_bounds(opts) -> tuple:
@@ -68,6 +69,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         # graph is the same function of its inputs whatever the seed)
         self.gen = torch.Generator(device=dev)
         self.coin = torch.zeros(1, device=dev)
+        self.sampling = DeviceSampling(dev)   # 1 / temperature and top-p, written before a sampled launch
         # the AR step's constant path, count and tree mask (made once, not launched every step)
         self._root = torch.zeros(1, dtype=torch.long, device=dev)
         self._one = torch.ones(1, dtype=torch.long, device=dev)
@@ -163,8 +165,13 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows(io["taps"][rows], nxt, n)
 
+    def _device_params(self, params):
+        """What a body reads for sampling: None (greedy), or the static buffer with params' values written."""
+        return None if _pkey(params) is None else self.sampling.view(params)
+
     def _ar_phases(self, params=None, keep_taps: bool = False):
-        return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(params, keep_taps))]
+        dp = self._device_params(params)
+        return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(dp, keep_taps))]
 
     def _catch_up_phases(self):
         k = self.ring.k
@@ -186,9 +193,10 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         if key[1] is not None and "coins" not in io:   # a sampled round's uniforms, drawn before each replay
             T, k = _sample_bounds(opts)
             io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
-        return [(("draft", key), lambda: self._draft_body(opts, io, params)),
-                (("verify", key), lambda: self._verify_body(opts, io, params)),
-                (("accept", key), lambda: self._accept_body(opts, io, params))], io
+        dp = self._device_params(params)
+        return [(("draft", key), lambda: self._draft_body(opts, io, dp)),
+                (("verify", key), lambda: self._verify_body(opts, io, dp)),
+                (("accept", key), lambda: self._accept_body(opts, io, dp))], io
 
     # ------------------------------------------------------------------ graphs (ssv.engine.graphs)
     def _state(self):

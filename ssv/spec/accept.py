@@ -42,6 +42,7 @@ from ssv.spec.tree import DraftTree
 
 __all__ = [
     "AcceptResult",
+    "DeviceSampling",
     "SamplingParams",
     "accept_greedy",
     "accept_sample",
@@ -75,6 +76,53 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def inv_temperature(self) -> float:
+        """The logits' scale: every path multiplies by it (one rounding to fp32, the same on the host and the
+        device, as a Python scalar or as `DeviceSampling`'s buffer)."""
+        return 1.0 / self.temperature
+
+    @property
+    def filters(self) -> bool:
+        """Whether top-p removes anything: top_p == 1 is exactly no filter (and no sort)."""
+        return self.top_p < 1.0
+
+
+class DeviceSampling:
+    """SamplingParams as device scalars: 1 / temperature and top_p in a static buffer that a CUDA graph
+    reads, so one captured graph serves every temperature and top-p (vLLM keeps its sampling parameters
+    in tensors likewise). `filters` stays a Python flag, a graph key: without top-p there is no sort.
+    `probs_unchecked` takes it where it takes SamplingParams, with bitwise the same result."""
+
+    greedy = False
+
+    def __init__(self, device, filters: bool = False, buf: Optional[torch.Tensor] = None):
+        self.buf = torch.ones(2, device=device, dtype=torch.float32) if buf is None else buf
+        self.filters = bool(filters)
+        self._held: Optional[tuple] = None   # the values last written (the host's copy: no device read)
+
+    @property
+    def inv_temperature(self) -> torch.Tensor:
+        return self.buf[0:1]
+
+    @property
+    def top_p(self) -> torch.Tensor:
+        return self.buf[1:2]
+
+    def view(self, params: SamplingParams) -> "DeviceSampling":
+        """This buffer with `params`' values written into it (launches only when they change; call it before
+        the launches that read them), as the flavour (filters or not) params needs."""
+        if params.greedy:
+            raise ValueError("DeviceSampling holds a sampled setting; temperature 0 is greedy")
+        held = (params.inv_temperature, float(params.top_p))
+        if held != self._held:
+            self.buf[0].fill_(held[0])
+            self.buf[1].fill_(held[1])
+            self._held = held
+        out = DeviceSampling(self.buf.device, params.filters, self.buf)
+        out._held = held
+        return out
 
 
 @dataclass(frozen=True)
@@ -141,9 +189,11 @@ def probs_unchecked(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         top = logits.argmax(dim=-1, keepdim=True)  # first maximum = lowest id
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
 
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    # params: SamplingParams (Python scalars) or DeviceSampling (device scalars, a graph's): the same fp32
+    # scale and threshold either way
+    probs = torch.softmax(logits * params.inv_temperature, dim=-1)
     # top_p == 1 must be exactly "no filter": float cumsums can reach 1 before the tail does.
-    if params.top_p >= 1.0:
+    if not params.filters:
         return probs
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p

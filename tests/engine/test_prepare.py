@@ -119,3 +119,46 @@ def test_prepare_refuses_what_a_round_refuses():
     with pytest.raises(ValueError, match="keep_taps needs a drafter"):
         DeviceEngine(r).prepare(ar=True, keep_taps=True, force=True)
     assert not eng._warm and not eng._io and eng.ring is None
+
+
+def _settings():
+    # two settings of one graph key (top-p filters), then one of the other (no top-p)
+    return [SAMPLED, SamplingParams(temperature=1.3, top_p=0.6), SamplingParams(temperature=0.5)]
+
+
+def test_one_engine_serves_every_sampling_setting():
+    """Temperature and top-p are device scalars a round reads, not constants of its bucket: one engine run
+    through three settings gives each one's tokens as a fresh engine does, and keeps one bucket per kind
+    (top-p filtering or not), not one per setting."""
+    opts = SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3)
+    r, d, prompt, eng = _setup()
+    for params in _settings():
+        got = generate_spec(r, d, prompt, params, 30, opts=opts, engine=eng, fallback=_fallback(), seed=4)
+        r2, d2, _, fresh = _setup()
+        want = generate_spec(r2, d2, prompt, params, 30, opts=opts, engine=fresh, fallback=_fallback(), seed=4)
+        assert got.token_ids == want.token_ids
+        ar = generate_ar(r, prompt, params, 12, engine=eng, seed=2)
+        assert ar.token_ids == generate_ar(r2, prompt, params, 12, engine=DeviceEngine(r2), seed=2).token_ids
+    assert sorted(k[1] for k in eng._io) == [("sample", False), ("sample", True)]
+    assert eng.sampling._held == (2.0, 1.0)   # the last setting's 1 / temperature and top-p
+
+
+@CUDA
+def test_cuda_graphs_serve_every_sampling_setting(monkeypatch):
+    """On CUDA a new temperature / top-p replays the graphs captured for the first (no capture), and each
+    setting's tokens equal an eager engine's."""
+    opts = SpecOptions(tree=TreeSpec(3, 2, 8), lookup=3)
+    r, d, prompt, eng = _setup("cuda")
+    caught = []
+    cap = DeviceEngine._capture
+    monkeypatch.setattr(DeviceEngine, "_capture", lambda self, phases: (caught.append(phases[0][0]),
+                                                                          cap(self, phases))[1])
+    for i, params in enumerate(_settings()):
+        before = len(caught)
+        got = generate_spec(r, d, prompt, params, 30, opts=opts, engine=eng, fallback=_fallback(), seed=4)
+        r2, d2, _, eager = _setup("cuda", graphs=False)
+        want = generate_spec(r2, d2, prompt, params, 30, opts=opts, engine=eager, fallback=_fallback(), seed=4)
+        assert got.token_ids == want.token_ids
+        if i == 1:   # the second setting shares the first's key: nothing captured
+            assert len(caught) == before
+    assert {k[1][1] for k in caught if k[0] == "draft"} == {("sample", True), ("sample", False)}

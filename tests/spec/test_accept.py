@@ -561,3 +561,34 @@ def test_harness_catches_bugs(bug):
     # ... while the real implementation passes on the same coins.
     seqs = run_trials(accept_sample, tree, logits, params, FAST_TRIALS, seed=0)
     assert goodness_of_fit(seqs, tree, logits, params, FAST_TRIALS)["first"] > ALPHA
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_device_sampling_gives_the_params_probabilities_bitwise(device, monkeypatch):
+    """DeviceSampling (1 / temperature and top-p in a device buffer, what a CUDA graph reads) against the
+    Python scalars of SamplingParams: the same probabilities bit for bit, over fresh settings and logits
+    (ties and -inf included), both flavours (top-p filtering or not); the buffer is written only when the
+    values change, and a view of it carries the setting's flavour."""
+    from ssv.spec.accept import DeviceSampling, probs_unchecked
+    rng = random.Random()
+    ds = DeviceSampling(device)
+    for _ in range(12):
+        t = rng.choice([rng.uniform(0.05, 3.0), 1.0, 0.7])
+        p = rng.choice([1.0, rng.uniform(0.05, 0.999)])
+        params = SamplingParams(temperature=t, top_p=p)
+        logits = torch.randn(rng.randint(1, 7), rng.randint(2, 3001), device=device) * rng.uniform(0.5, 20)
+        logits[0, : logits.shape[1] // 3] = logits[0, 0]                  # ties
+        logits[-1, rng.randrange(logits.shape[1])] = -math.inf
+        view = ds.view(params)
+        assert view.filters == (p < 1.0) and view.buf is ds.buf
+        assert torch.equal(probs_unchecked(logits, view), probs_unchecked(logits, params))
+    writes = []
+    real = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda self, v: (writes.append(v), real(self, v))[1])
+    ds.view(SamplingParams(0.5, 0.9))
+    ds.view(SamplingParams(0.5, 0.9))
+    ds.view(SamplingParams(0.25, 0.9))
+    monkeypatch.undo()
+    assert writes == [2.0, 0.9, 4.0, 0.9]
+    with pytest.raises(ValueError, match="greedy"):
+        ds.view(SamplingParams(0.0))
