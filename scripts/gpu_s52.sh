@@ -50,3 +50,10 @@ ab)
         | tee "$OUTD/tests-api-cuda.log"
     ;;
 esac
+# t: carry [".whl"]  (after bf1788d) the CUDA tests of the sampling parameters as device scalars, the graphed
+#    rounds' sampled cases and the captures before the decode clock
+if [ "${1:-}" = t ]; then
+    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/engine/test_prepare.py \
+        tests/spec/test_accept.py tests/ops/test_accept_sample.py -k "cuda or device_sampling or sampl" 2>&1 \
+        | tail -4 | tee "$OUTD/tests-sampling-cuda.log"
+fi
