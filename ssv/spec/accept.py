@@ -97,10 +97,12 @@ class DeviceSampling:
 
     greedy = False
 
-    def __init__(self, device, filters: bool = False, buf: Optional[torch.Tensor] = None):
-        self.buf = torch.ones(2, device=device, dtype=torch.float32) if buf is None else buf
+    def __init__(self, device, filters: bool = False, _shared: Optional[tuple] = None):
+        # the buffer and the host's copy of the values last written into it (no device read), shared with views
+        if _shared is None:
+            _shared = (torch.ones(2, device=device, dtype=torch.float32), [None])
+        self.buf, self._held = _shared
         self.filters = bool(filters)
-        self._held: Optional[tuple] = None   # the values last written (the host's copy: no device read)
 
     @property
     def inv_temperature(self) -> torch.Tensor:
@@ -116,13 +118,11 @@ class DeviceSampling:
         if params.greedy:
             raise ValueError("DeviceSampling holds a sampled setting; temperature 0 is greedy")
         held = (params.inv_temperature, float(params.top_p))
-        if held != self._held:
+        if held != self._held[0]:
             self.buf[0].fill_(held[0])
             self.buf[1].fill_(held[1])
-            self._held = held
-        out = DeviceSampling(self.buf.device, params.filters, self.buf)
-        out._held = held
-        return out
+            self._held[0] = held
+        return DeviceSampling(self.buf.device, params.filters, (self.buf, self._held))
 
 
 @dataclass(frozen=True)

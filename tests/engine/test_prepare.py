@@ -140,7 +140,7 @@ def test_one_engine_serves_every_sampling_setting():
         ar = generate_ar(r, prompt, params, 12, engine=eng, seed=2)
         assert ar.token_ids == generate_ar(r2, prompt, params, 12, engine=DeviceEngine(r2), seed=2).token_ids
     assert sorted(k[1] for k in eng._io) == [("sample", False), ("sample", True)]
-    assert eng.sampling._held == (2.0, 1.0)   # the last setting's 1 / temperature and top-p
+    assert eng.sampling._held == [(2.0, 1.0)]   # the last setting's 1 / temperature and top-p
 
 
 @CUDA

@@ -336,7 +336,8 @@ def test_probe_runs_every_gemm_and_the_rope_case(monkeypatch):
     pl = _probe_module()
     monkeypatch.setattr(pl, "_bench", lambda fn, layers: (fn(), 1.0)[1])   # a call, then a fixed time
     grid = pl.configs
-    monkeypatch.setattr(pl, "configs", lambda m, quick, n=0, k=0: grid(m, quick, n, k)[-1:])   # one besides the default
+    # one tile besides the default
+    monkeypatch.setattr(pl, "configs", lambda m, quick, n=0, k=0: grid(m, quick, n, k)[-1:])
     rows, best = [], {}
     pl.run("smollm2-135m", 1, 1, True, rows, best, dev=DEV)
     pl.run_rope("smollm2-135m", 1, 1, True, rows, best, dev=DEV)

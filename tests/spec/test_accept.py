@@ -587,8 +587,10 @@ def test_device_sampling_gives_the_params_probabilities_bitwise(device, monkeypa
     monkeypatch.setattr(torch.Tensor, "fill_", lambda self, v: (writes.append(v), real(self, v))[1])
     ds.view(SamplingParams(0.5, 0.9))
     ds.view(SamplingParams(0.5, 0.9))
-    ds.view(SamplingParams(0.25, 0.9))
+    ds.view(SamplingParams(0.25, 0.9)).view(SamplingParams(0.5, 0.9))   # a view writes for its parent too
+    ds.view(SamplingParams(0.5, 0.9))
     monkeypatch.undo()
-    assert writes == [2.0, 0.9, 4.0, 0.9]
+    assert writes == [2.0, 0.9, 4.0, 0.9, 2.0, 0.9]
+    assert ds.buf.tolist() == [2.0, pytest.approx(0.9)]
     with pytest.raises(ValueError, match="greedy"):
         ds.view(SamplingParams(0.0))
