@@ -22,7 +22,8 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
     bash scripts/train_draft_gpu.sh assemble || exit 1
     python3 -c "import gguf" 2>/dev/null || { echo "no gguf module: carry .whl on this chain's first call"; exit 2; }
     local who pp c
-    # E2E_MODES: the modes, space-separated, with '_' for a space inside a mode's name
+    # E2E_MODES: the modes, space-separated, with '_' for a space inside a mode's name; E2E_EXTRA: more options
+    # (e.g. '--temperature 0.7')
     local MODES_E2E=(ar-nsa sd-naive "ssv strict" "ssv strict lookup" "eagle3 dense lookup")
     [ -n "${E2E_MODES:-}" ] && { MODES_E2E=(); for m in $E2E_MODES; do MODES_E2E+=("${m//_/ }"); done; }
     for who in "$@"; do
@@ -33,7 +34,7 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
          PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
             python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
             --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
-            --modes "${MODES_E2E[@]}" \
+            --modes "${MODES_E2E[@]}" ${E2E_EXTRA:-} \
             --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
     done
 }

