@@ -113,11 +113,13 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         plan.plan(cache.dlen, pos, self._chain1)
         logits, taps = model(self.tok, pos, plan, cache, taps=self._taps if keep_taps else (), wide_taps=True)
         greedy = params is None or params.greedy
-        written = greedy and logits.is_cuda
-        if written:
-            from ssv.ops.topk.ops import row_argmax   # lazily, as the accept's kernels
-            # its launches write the record's token and the next input themselves: no copy launches
-            nxt = row_argmax(logits[-1:], out=self.out[1:2], out2=self.tok)
+        written = logits.is_cuda
+        if written:   # lazily, as the accept's kernels
+            from ssv.ops.accept.ops import sample_row
+            from ssv.ops.topk.ops import row_argmax
+            # their launches write the record's token and the next input themselves: no copy launches
+            nxt = (row_argmax(logits[-1:], out=self.out[1:2], out2=self.tok) if greedy else
+                   sample_row(probs_unchecked(logits[-1:], params), self.coin, out=self.out[1:2], out2=self.tok))
         else:
             nxt = (logits[-1].argmax().reshape(1) if greedy
                    else sample_device(probs_unchecked(logits[-1:], params)[0], self.coin))

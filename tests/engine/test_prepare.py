@@ -162,3 +162,31 @@ def test_cuda_graphs_serve_every_sampling_setting(monkeypatch):
         if i == 1:   # the second setting shares the first's key: nothing captured
             assert len(caught) == before
     assert {k[1][1] for k in caught if k[0] == "draft"} == {("sample", True), ("sample", False)}
+
+
+@CUDA
+@pytest.mark.cuda
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs):
+    """On CUDA the sampled AR step draws its token with `sample_row` (two launches); the same engine with
+    `sample_device` (the tensor twin) in its place gives the same tokens, plain and under a fall-back that
+    keeps the drafter's rows."""
+    import ssv.ops.accept.ops as ops
+    from ssv.spec.device_accept import sample_device
+    runs = {}
+    for twin in (False, True):
+        if twin:
+            def row_twin(probs, coin, out, out2):
+                tok = sample_device(probs[0], coin)
+                out.copy_(tok)
+                out2.copy_(tok)
+                return out
+            monkeypatch.setattr(ops, "sample_row", row_twin)
+        r, d, prompt, eng = _setup("cuda", graphs=graphs)
+        ar = generate_ar(r, prompt, SAMPLED, 24, engine=eng, seed=3).token_ids
+        r2, d2, _, eng2 = _setup("cuda", graphs=graphs)
+        spec = generate_spec(r2, d2, prompt, SamplingParams(temperature=0.9), 30,
+                             opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2, fallback=_fallback(), seed=5)
+        assert spec.stats["ar_steps"] > 0
+        runs[twin] = (ar, spec.token_ids)
+    assert runs[False] == runs[True]

@@ -108,3 +108,60 @@ def test_accept_sample_round_refuses_bad_shapes():
     with pytest.raises(ValueError, match="probs"):
         accept_sample_round(z, z, z.float(), probs.double(), torch.rand(5, 4, device=DEV), 3, 3, one,
                             z[:4].clone(), one)
+
+
+@pytest.mark.parametrize("v", [1, 37, 1024, 1025, 2050, 5000])
+def test_sample_row_matches_twin(v):
+    """An AR step's sampled token (`sample_row`, the bonus's two launches) against `sample_device`: random
+    rows with zero-probability tokens (the last ones too), one-token rows, coins at 0 and just under 1,
+    across the 1,024-token chunks; both outputs poisoned first, the buffers beside them untouched."""
+    from ssv.ops.accept.ops import sample_row
+    from ssv.spec.device_accept import sample_device
+    g = torch.Generator().manual_seed(v)
+    for i in range(12):
+        p = torch.rand(v, generator=g) ** 4
+        p[torch.rand(v, generator=g) < 0.3] = 0.0
+        if i % 3 == 1:
+            p[-(v // 3 + 1):] = 0.0                      # the tail without mass: the cap is the last with mass
+        if i % 4 == 3:
+            p.zero_()
+            p[int(torch.randint(0, v, (1,), generator=g))] = 0.5   # one token holds it all
+        if not (p > 0).any():
+            p[0] = 1.0
+        coin = torch.rand(1, generator=g)
+        coin = [torch.zeros(1), torch.full((1,), 1.0 - 2 ** -24), coin][min(i, 2)]
+        p, coin = p.to(DEV), coin.to(DEV)
+        want = sample_device(p, coin)
+        buf = torch.full((6,), -777, dtype=torch.long, device=DEV)   # views into larger buffers
+        out = sample_row(p[None].contiguous(), coin, out=buf[1:2], out2=buf[4:5])
+        assert out.data_ptr() == buf[1:2].data_ptr()
+        assert int(buf[1]) == int(buf[4]) == int(want) and float(p[int(want)]) > 0
+        assert buf[[0, 2, 3, 5]].eq(-777).all()
+
+
+def test_sample_row_follows_the_coin():
+    """Two tokens of equal mass: a coin under one half takes the first, over it the second (a kernel that
+    ignored the coin, or read it as other bits, would not)."""
+    from ssv.ops.accept.ops import sample_row
+    p = torch.zeros(1, 3000, device=DEV)
+    p[0, 5], p[0, 2500] = 1.0, 1.0
+    got = []
+    for c in (0.1, 0.49, 0.51, 0.9):
+        out = torch.zeros(1, dtype=torch.long, device=DEV)
+        sample_row(p, torch.full((1,), c, device=DEV), out=out, out2=torch.zeros_like(out))
+        got.append(int(out))
+    assert got == [5, 5, 2500, 2500]
+
+
+def test_sample_row_refuses_bad_input():
+    from ssv.ops.accept.ops import sample_row
+    one = torch.zeros(1, dtype=torch.long, device=DEV)
+    coin = torch.rand(1, device=DEV)
+    with pytest.raises(ValueError, match="probs"):
+        sample_row(torch.rand(2, 10, device=DEV), coin, one, one.clone())
+    with pytest.raises(ValueError, match="probs"):
+        sample_row(torch.rand(1, 10, device=DEV).double(), coin, one, one.clone())
+    with pytest.raises(ValueError, match="coin"):
+        sample_row(torch.rand(1, 10, device=DEV), torch.rand(2, device=DEV), one, one.clone())
+    with pytest.raises(ValueError, match="out2"):
+        sample_row(torch.rand(1, 10, device=DEV), coin, one, torch.zeros(1, device=DEV))

@@ -139,36 +139,50 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
 
 
 @triton.jit
-def bonus_mass_fwd_kernel(probs, stop, part, lastp, V, s_p, BV: tl.constexpr, PDL: tl.constexpr = False):
-    # chunk i_c of the stop node's row (its tried tokens zeroed by the walk): the fp64 mass and the
-    # last index with mass (-1 for none)
+def bonus_mass_fwd_kernel(probs, stop, part, lastp, V, s_p, BV: tl.constexpr, STOP: tl.constexpr = True,
+                          PDL: tl.constexpr = False):
+    # chunk i_c of one row: the fp64 mass and the last index with mass (-1 for none). STOP: the row is
+    # the walk's stop node (stop[0]; its tried tokens zeroed by the walk), else row 0 (an AR step's)
     pdl_prologue(PDL)
     i_c = tl.program_id(0)
     o_v = i_c * BV + tl.arange(0, BV)
-    b_pv = tl.load(probs + tl.load(stop) * s_p + o_v, mask=o_v < V, other=0.0).to(tl.float64)
+    i_r = 0
+    if STOP:
+        i_r = tl.load(stop)
+    b_pv = tl.load(probs + i_r * s_p + o_v, mask=o_v < V, other=0.0).to(tl.float64)
     tl.store(part + i_c, tl.sum(b_pv, 0))
     tl.store(lastp + i_c, tl.max(tl.where(b_pv > 0, o_v, -1), 0))
 
 
 @triton.jit
-def bonus_pick_fwd_kernel(probs, stop, part, lastp, length, bonus, nxt_tok, V, NC, s_p, BV: tl.constexpr,
-                          NCP: tl.constexpr, PDL: tl.constexpr = False):
-    # the bonus by inverse CDF (`ssv.spec.device_accept.sample_device`): the first index whose CDF exceeds
+def bonus_pick_fwd_kernel(probs, stop, coin, part, lastp, length, bonus, nxt_tok, V, NC, s_p, BV: tl.constexpr,
+                          NCP: tl.constexpr, STOP: tl.constexpr = True, PDL: tl.constexpr = False):
+    # a token by inverse CDF (`ssv.spec.device_accept.sample_device`): the first index whose CDF exceeds
     # coin x the row's mass, never a zero-probability one (the last with mass caps it): the chunk
-    # from the chunks' masses, then the index by a scan of that chunk alone; then the record's last
-    # token (nxt[n - 1]) and the bonus
+    # from the chunks' masses, then the index by a scan of that chunk alone. STOP: the walk's bonus
+    # (row stop[0], its coin stop[1] as float64 bits), written to bonus and the record's last token
+    # (nxt[n - 1]); else an AR step's token (row 0, the coin coin[0]), written to bonus and nxt[0]
     pdl_prologue(PDL)
     o_c = tl.arange(0, NCP)
     b_part = tl.load(part + o_c, mask=o_c < NC, other=0.0)
-    target = tl.load(stop + 1).to(tl.float64, bitcast=True) * tl.sum(b_part, 0)
+    if STOP:
+        i_r = tl.load(stop)
+        b_coin = tl.load(stop + 1).to(tl.float64, bitcast=True)
+    else:
+        i_r = 0
+        b_coin = tl.load(coin).to(tl.float64)
+    target = b_coin * tl.sum(b_part, 0)
     b_cum = tl.cumsum(b_part, 0)
     c = tl.min(tl.where((b_cum > target) & (o_c < NC), o_c, NCP), 0)
     last = tl.max(tl.load(lastp + o_c, mask=o_c < NC, other=-1), 0)
     base = tl.sum(tl.where(o_c < c, b_part, 0.0), 0)
     o_v = c * BV + tl.arange(0, BV)
-    b_pv = tl.load(probs + tl.load(stop) * s_p + o_v, mask=(o_v < V) & (c < NCP), other=0.0).to(tl.float64)
+    b_pv = tl.load(probs + i_r * s_p + o_v, mask=(o_v < V) & (c < NCP), other=0.0).to(tl.float64)
     b_cdf = base + tl.cumsum(b_pv, 0)
     first = tl.min(tl.where((b_cdf > target) & (o_v < V), o_v, 2147483647), 0)
-    b_bonus = tl.where(last >= 0, tl.minimum(first, last), 0).to(tl.int64)
-    tl.store(bonus, b_bonus)
-    tl.store(nxt_tok + tl.load(length) - 1, b_bonus)
+    b_tok = tl.where(last >= 0, tl.minimum(first, last), 0).to(tl.int64)
+    tl.store(bonus, b_tok)
+    if STOP:
+        tl.store(nxt_tok + tl.load(length) - 1, b_tok)
+    else:
+        tl.store(nxt_tok, b_tok)

@@ -1,5 +1,6 @@
 """Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (four
-launches after the target's probabilities, where the tensor form takes ~115 with the record)."""
+launches after the target's probabilities, where the tensor form takes ~115 with the record); an AR
+step's sampled token with the walk's bonus launches (`sample_row`)."""
 from __future__ import annotations
 
 import torch
@@ -90,6 +91,34 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
     part = torch.empty(nc, dtype=torch.float64, device=dev)
     lastp = torch.empty(nc, dtype=torch.int32, device=dev)
     bonus_mass_fwd_kernel[(nc,)](probs, stop, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, **pk, num_warps=4)
-    bonus_pick_fwd_kernel[(1,)](probs, stop, part, lastp, length, bonus, nxt, v, nc, probs.stride(0), BV=BONUS_CHUNK,
-                                NCP=max(2, triton.next_power_of_2(nc)), **pk, num_warps=4)
+    bonus_pick_fwd_kernel[(1,)](probs, stop, stop, part, lastp, length, bonus, nxt, v, nc, probs.stride(0),
+                                BV=BONUS_CHUNK, NCP=max(2, triton.next_power_of_2(nc)), **pk, num_warps=4)
     return path, rows
+
+
+def sample_row(probs: torch.Tensor, coin: torch.Tensor, out: torch.Tensor, out2: torch.Tensor) -> torch.Tensor:
+    """An AR step's token: `ssv.spec.device_accept.sample_device(probs[0], coin)` (inverse CDF, never a
+    zero-probability token) in two launches, the bonus's (chunk masses, then a scan of one chunk), where
+    the tensor form is ~9 launches and two copies. probs [1, V] fp32 (unnormalised, >= 0), coin [1] in
+    [0, 1); the token is written to out [1] and out2 [1] (int64: the step's record and next input).
+    Returns out."""
+    if probs.dim() != 2 or probs.shape[0] != 1 or probs.shape[1] == 0 or probs.dtype != torch.float32 \
+            or probs.stride(1) != 1:
+        raise ValueError(f"sample_row: probs must be fp32 [1, V] with V > 0 and a contiguous row, got "
+                         f"{tuple(probs.shape)} {probs.dtype}")
+    if coin.numel() != 1 or not coin.is_floating_point():
+        raise ValueError("sample_row: coin must be one float")
+    for name, x in (("out", out), ("out2", out2)):
+        if x.dtype != torch.long or x.numel() != 1 or x.device != probs.device:
+            raise ValueError(f"sample_row: {name} must be an int64 [1] on {probs.device}")
+    v, dev = probs.shape[1], probs.device
+    pk = pdl_args(dev)
+    nc = triton.cdiv(v, BONUS_CHUNK)
+    part = torch.empty(nc, dtype=torch.float64, device=dev)
+    lastp = torch.empty(nc, dtype=torch.int32, device=dev)
+    bonus_mass_fwd_kernel[(nc,)](probs, coin, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, STOP=False, **pk,
+                                 num_warps=4)
+    bonus_pick_fwd_kernel[(1,)](probs, coin, coin, part, lastp, out, out2, out, v, nc, probs.stride(0),
+                                BV=BONUS_CHUNK, NCP=max(2, triton.next_power_of_2(nc)), STOP=False, **pk,
+                                num_warps=4)
+    return out
