@@ -42,7 +42,7 @@ q0b)   # after de92d84 (sample_row): its tests compiled, the engine's sampled AR
     ;;
 q1)
     bash scripts/train_draft_gpu.sh receive 1 >/dev/null
-    mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
+    [ -z "${NO_STEPS:-}" ] && mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
         bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
         | grep -v -i warn | tail -14)
     ;;
