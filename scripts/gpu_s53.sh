@@ -40,6 +40,15 @@ q0b)   # after de92d84 (sample_row): its tests compiled, the engine's sampled AR
     timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -m cuda tests/ops/test_engine_kernels.py 2>&1 | tail -5 \
         | tee "$OUTD/tests-engine-kernels-cuda.log"
     ;;
+p)   # carry [".whl"]: where a sampled round's accept phase goes (scripts/probe_accept_sampled.py), then CUDA tests
+    # not run this session (the lookup kernels, the drafter, PDL, the dense verify, the benchmarks' CUDA cases)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
+    SSV_COMMIT=${SSV_COMMIT:-head} timeout 120 python3 scripts/probe_accept_sampled.py "$OUTD/accept-sampled.json" 2>&1 \
+        | grep -v -i warn | tee "$OUTD/accept-sampled.txt"
+    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs -m cuda tests/ops/test_lookup_kernels.py \
+        tests/draft/test_cuda.py tests/ops/test_pdl.py tests/ops/test_dense_verify.py tests/test_bench_kernels.py \
+        tests/test_bench_planner.py 2>&1 | tail -6 | tee "$OUTD/tests-other-cuda.log"
+    ;;
 q1)
     bash scripts/train_draft_gpu.sh receive 1 >/dev/null
     [ -z "${NO_STEPS:-}" ] && mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
