@@ -14,20 +14,11 @@ CASES = [  # kernel, pointer / int arguments, constexprs, warps
                                       coins="*fp32", path="*i64", length="*i64", rows="*i64", nxt_tok="*i64",
                                       stop="*i64", s_p="i32", s_c="i32"),
      dict(T=57, BT=64, D=9, BD=16, K=10, BK=16), 1),
-    (K.accept_sample_nodes_fwd_kernel, dict(parents="*i64", tokens="*i64", scores="*fp32", probs="*fp32",
-                                            total="*fp64", coins="*fp32", path="*i64", length="*i64", rows="*i64",
-                                            nxt_tok="*i64", stop="*i64", s_p="i32", s_c="i32"),
-     dict(T=51, BT=64, D=8, BD=16, K=11, BK=16), 4),
     (K.bonus_mass_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", V="i32", s_p="i32"),
      dict(BV=1024), 4),
-    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*i64", coin="*i64", part="*fp64", lastp="*i32",
-                                   length="*i64", bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
+    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", length="*i64",
+                                   bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
      dict(BV=1024, NCP=64), 4),
-    (K.bonus_mass_fwd_kernel, dict(probs="*fp32", stop="*fp32", part="*fp64", lastp="*i32", V="i32", s_p="i32"),
-     dict(BV=1024, STOP=False), 4),
-    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*fp32", coin="*fp32", part="*fp64", lastp="*i32",
-                                   length="*i64", bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
-     dict(BV=1024, NCP=64, STOP=False), 4),
 ]
 
 
