@@ -16,9 +16,14 @@ CASES = [  # kernel, pointer / int arguments, constexprs, warps
      dict(T=57, BT=64, D=9, BD=16, K=10, BK=16), 1),
     (K.bonus_mass_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", V="i32", s_p="i32"),
      dict(BV=1024), 4),
-    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*i64", part="*fp64", lastp="*i32", length="*i64",
-                                   bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
+    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*i64", coin="*i64", part="*fp64", lastp="*i32",
+                                   length="*i64", bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
      dict(BV=1024, NCP=64), 4),
+    (K.bonus_mass_fwd_kernel, dict(probs="*fp32", stop="*fp32", part="*fp64", lastp="*i32", V="i32", s_p="i32"),
+     dict(BV=1024, STOP=False), 4),
+    (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*fp32", coin="*fp32", part="*fp64", lastp="*i32",
+                                   length="*i64", bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
+     dict(BV=1024, NCP=64, STOP=False), 4),
 ]
 
 
