@@ -17,7 +17,8 @@ from ..draft.helpers import tiny_head, tiny_target
 # compressed blocks of 8 at stride 4: a chunk completes many, and its edges cut blocks
 NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
 GREEDY = SamplingParams(temperature=0.0)
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def CUDA(fn):   # CUDA-only: marked (pytest -m cuda) and skipped without a GPU
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")(fn))
 
 
 def _runner(device, attention="nsa", dtype=torch.float32, layers=3):

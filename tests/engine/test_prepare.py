@@ -19,7 +19,8 @@ from ..draft.helpers import tiny_target as draft_target
 NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, forced_local=1, window=16)
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def CUDA(fn):   # CUDA-only: marked (pytest -m cuda) and skipped without a GPU
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")(fn))
 
 
 def _setup(device="cpu", **kw):
@@ -165,7 +166,6 @@ def test_cuda_graphs_serve_every_sampling_setting(monkeypatch):
 
 
 @CUDA
-@pytest.mark.cuda
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs):
     """On CUDA the sampled AR step draws its token with `sample_row` (two launches); the same engine with

@@ -152,6 +152,7 @@ def test_shipped_table_lists_only_small_weights():
             assert e["us"] < e["cublas_us"] or e.get("bm", tile) == 16 < tile, (device, key)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="the shipped tiles are compiled for a GPU")
 def test_every_shipped_tile_of_this_device_matches_naive():
     """Each GEMM the table lists for this GPU, at its tiles (deep pipelines, wide K chunks, narrower
@@ -177,6 +178,7 @@ def test_every_shipped_tile_of_this_device_matches_naive():
         torch.testing.assert_close(got, want, **_tol(k), msg=key)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="the SmolLM2 shapes compiled need a GPU")
 @pytest.mark.parametrize("m", [1, 48])
 def test_linear_at_the_default_models_shapes_and_in_a_graph(m):

@@ -153,6 +153,7 @@ def test_fused_block_with_the_rope_entry_equals_eager(tmp_path, monkeypatch):
             assert not b.isnan().any() and ((b.float() - a.float()).norm() / a.float().norm()).item() < 1e-2
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="a CUDA graph")
 def test_linear_rope_in_a_graph_with_pdl_equals_eager():
     x, w, cos, sin, pos, slots = _case(48, 9, 3, 64, 576, "pos", 3, length=64)
@@ -175,6 +176,7 @@ def test_linear_rope_in_a_graph_with_pdl_equals_eager():
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="the shipped tiles are compiled for a GPU")
 def test_every_shipped_rope_tile_of_this_device_matches_naive():
     """Each q|k|v-with-RoPE entry the table lists for this GPU (the default model: 9 query heads, 3 KV

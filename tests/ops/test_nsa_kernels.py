@@ -193,6 +193,7 @@ def test_ctas_per_sm_counts_registers_shared_memory_and_threads():
     assert ctas_per_sm(255, 0, 16, limits=(65536, 233472, 2048)) == 1
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (reads a compiled kernel's registers)")
 def test_verify_occupancy_of_the_compiled_variant():
     """The default KV splits fill one wave of the programs that fit on an SM, read from the compiled

@@ -93,6 +93,7 @@ def test_off_without_hopper():
         assert pdl_args(torch.device("cuda")).get("launch_pdl", False) == HOPPER
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not HOPPER, reason="programmatic dependent launch needs a Hopper (or newer) GPU")
 @pytest.mark.parametrize("graphed", [False, True])
 def test_dependent_chain_equals_plain_launches(graphed):
