@@ -87,13 +87,23 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
                                    coins, path, length, rows, nxt, stop, probs.stride(0), coins.stride(0), T=t,
                                    BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
                                    BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=1)
+    _inverse_cdf(probs, stop, stop, length, bonus, nxt, True)
+    return path, rows
+
+
+def _inverse_cdf(probs, stop, coin, length, bonus, nxt, from_stop: bool) -> None:
+    # the bonus's two launches (chunk masses, then the chunk and a scan of it): from_stop, the walk's stop
+    # node with its coin (stop) into nxt[length - 1]; else row 0 with `coin` into nxt[0] (`sample_row`)
+    v, dev = probs.shape[1], probs.device
+    pk = pdl_args(dev)
     nc = triton.cdiv(v, BONUS_CHUNK)
     part = torch.empty(nc, dtype=torch.float64, device=dev)
     lastp = torch.empty(nc, dtype=torch.int32, device=dev)
-    bonus_mass_fwd_kernel[(nc,)](probs, stop, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, **pk, num_warps=4)
-    bonus_pick_fwd_kernel[(1,)](probs, stop, stop, part, lastp, length, bonus, nxt, v, nc, probs.stride(0),
-                                BV=BONUS_CHUNK, NCP=max(2, triton.next_power_of_2(nc)), **pk, num_warps=4)
-    return path, rows
+    bonus_mass_fwd_kernel[(nc,)](probs, stop, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, STOP=from_stop, **pk,
+                                 num_warps=4)
+    bonus_pick_fwd_kernel[(1,)](probs, stop, coin, part, lastp, length, bonus, nxt, v, nc, probs.stride(0),
+                                BV=BONUS_CHUNK, NCP=max(2, triton.next_power_of_2(nc)), STOP=from_stop, **pk,
+                                num_warps=4)
 
 
 def sample_row(probs: torch.Tensor, coin: torch.Tensor, out: torch.Tensor, out2: torch.Tensor) -> torch.Tensor:
@@ -111,14 +121,5 @@ def sample_row(probs: torch.Tensor, coin: torch.Tensor, out: torch.Tensor, out2:
     for name, x in (("out", out), ("out2", out2)):
         if x.dtype != torch.long or x.numel() != 1 or x.device != probs.device:
             raise ValueError(f"sample_row: {name} must be an int64 [1] on {probs.device}")
-    v, dev = probs.shape[1], probs.device
-    pk = pdl_args(dev)
-    nc = triton.cdiv(v, BONUS_CHUNK)
-    part = torch.empty(nc, dtype=torch.float64, device=dev)
-    lastp = torch.empty(nc, dtype=torch.int32, device=dev)
-    bonus_mass_fwd_kernel[(nc,)](probs, coin, part, lastp, v, probs.stride(0), BV=BONUS_CHUNK, STOP=False, **pk,
-                                 num_warps=4)
-    bonus_pick_fwd_kernel[(1,)](probs, coin, coin, part, lastp, out, out2, out, v, nc, probs.stride(0),
-                                BV=BONUS_CHUNK, NCP=max(2, triton.next_power_of_2(nc)), STOP=False, **pk,
-                                num_warps=4)
+    _inverse_cdf(probs, coin, coin, out, out2, out, False)
     return out
