@@ -33,7 +33,7 @@ e2e_pkgs() {  # $@: who; `ssv bench e2e` at CONTEXTS (4K) for each, each from an
         (cd /tmp/cwd-$who && PYTHONPATH=$pp:/tmp/site python3 -c "import ssv; print('package', ssv.__file__)" && \
          PYTHONPATH=$pp:/tmp/site SSV_COMMIT=$c timeout ${E2E_TIMEOUT:-270} \
             python3 -m ssv bench e2e --model /tmp/ssv-smollm2.gguf --prompts "$R/.stage/e2e-prompts.json" \
-            --contexts ${CONTEXTS:-4096} --families code prose chat --docs 1 --new-tokens 128 \
+            --contexts ${CONTEXTS:-4096} --families ${E2E_FAMILIES:-code prose chat} --docs 1 --new-tokens 128 \
             --modes "${MODES_E2E[@]}" ${E2E_EXTRA:-} \
             --out "$OUTD/e2e-$who" 2>&1 | grep -v -i warn | tail -24)
     done
