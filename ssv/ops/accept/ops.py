@@ -3,15 +3,20 @@ launches after the target's probabilities, where the tensor form takes ~115 with
 step's sampled token with the walk's bonus launches (`sample_row`)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 
-from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, bonus_mass_fwd_kernel,
-                                   bonus_pick_fwd_kernel, row_mass_fwd_kernel)
+from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, accept_sample_nodes_fwd_kernel,
+                                   bonus_mass_fwd_kernel, bonus_pick_fwd_kernel, row_mass_fwd_kernel)
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
 BONUS_CHUNK = 1024   # the bonus's inverse CDF: chunk masses in parallel, then a scan of one chunk
+# the sampled walk with every node's decision at once ([BT, BT] tiles) up to this many rows; a one-warp walk of
+# D x K dependent steps past it (H100, the default round's 51 rows: 40.6 us, scripts/probe_accept_sampled.py)
+NODES_MAX_T = 64
 
 
 def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, best: torch.Tensor,
@@ -58,12 +63,13 @@ def accept_greedy_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
 
 def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
                         coins: torch.Tensor, max_depth: int, top_k: int, length: torch.Tensor, nxt: torch.Tensor,
-                        bonus: torch.Tensor):
+                        bonus: torch.Tensor, nodes: Optional[bool] = None):
     """The sampled walk (`ssv.spec.device_accept.accept_sample_device`: the same path and bonus for the same
     coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
     bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`), which
     this consumes: the stop node's tried tokens are zeroed in its row. coins [>= T, top_k + 1].
-    Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus.
+    Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus. nodes: the walk with
+    every node's decision at once (default: up to `NODES_MAX_T` rows), else the one-warp walk.
     Returns (path, rows) [max_depth + 1] each."""
     t, d = parents.numel(), max_depth
     if not (tokens.numel() == scores.numel() == t) or not 0 < t <= MAX_T:
@@ -83,10 +89,11 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
     path = torch.empty(d + 1, dtype=torch.long, device=dev)
     rows = torch.empty(d + 1, dtype=torch.long, device=dev)
     stop = torch.empty(2, dtype=torch.long, device=dev)   # the stop node, then its bonus coin's bits
-    accept_sample_fwd_kernel[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total,
-                                   coins, path, length, rows, nxt, stop, probs.stride(0), coins.stride(0), T=t,
-                                   BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
-                                   BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=1)
+    wide = t <= NODES_MAX_T if nodes is None else bool(nodes)
+    walk = accept_sample_nodes_fwd_kernel if wide else accept_sample_fwd_kernel
+    walk[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total, coins, path, length, rows,
+               nxt, stop, probs.stride(0), coins.stride(0), T=t, BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)),
+               K=top_k, BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=4 if wide else 1)
     _inverse_cdf(probs, stop, stop, length, bonus, nxt, True)
     return path, rows
 
