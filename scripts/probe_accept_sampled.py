@@ -1,7 +1,7 @@
 """Where a sampled round's accept phase goes (#11's rounds; session 53): the pieces of `accept_sample_round`
 at the default model's shape (T = 51 rows: 48 nodes + a 3-token lookup chain; V = 49,152), each captured
 20 times in one CUDA graph, and an AR step's sampled token, `sample_row` against the tensor twin.
-Random logits in the model's dtype (bf16); prints a table and writes JSON (argv[1])."""
+Random fp32 logits (the model's dtype for logits); prints a table and writes JSON (argv[1])."""
 import json
 import sys
 
@@ -48,7 +48,7 @@ def main(out):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     T, V, D, K = (51, 49152, 8, 11) if dev.type == "cuda" else (51, 3000, 8, 11)
     g = torch.Generator(device=dev).manual_seed(0)
-    logits = (torch.randn(T, V, device=dev, generator=g) * 3).to(torch.bfloat16)
+    logits = torch.randn(T, V, device=dev, generator=g) * 3   # fp32, as the model's (Transformer.head)
     parents = torch.cat([torch.tensor([-1], device=dev), torch.randint(0, 8, (T - 1,), device=dev, generator=g)])
     parents = torch.minimum(parents, torch.arange(T, device=dev) - 1)
     tokens = torch.randint(0, V, (T,), device=dev, generator=g)
@@ -70,10 +70,11 @@ def main(out):
     bt = max(16, triton.next_power_of_2(T))
     best = torch.zeros(T, dtype=torch.long, device=dev)
     res = {
-        "logits.float()": per_call_us(lambda: logits.float()),
         "probs_unchecked (T=0.7)": per_call_us(lambda: probs_unchecked(logits, params)),
-        "row_mass": per_call_us(lambda: row_mass_fwd_kernel[(T,)](probs, total, V, probs.stride(0), BV=1024, **pk,
-                                                                  num_warps=4)),
+        "row_mass (1,024-token tiles, 4 warps)": per_call_us(lambda: row_mass_fwd_kernel[(T,)](
+            probs, total, V, probs.stride(0), BV=1024, **pk, num_warps=4)),
+        "row_mass (8,192-token tiles, 8 warps)": per_call_us(lambda: row_mass_fwd_kernel[(T,)](
+            probs, total, V, probs.stride(0), BV=8192, **pk, num_warps=8)),
         "walk (1 warp)": per_call_us(lambda: accept_sample_fwd_kernel[(1,)](
             parents, tokens, scores, probs, total, coins, path, n, rows, nxt, stop, probs.stride(0),
             coins.stride(0), T=T, BT=bt, D=D, BD=16, K=K, BK=16, **pk, num_warps=1)),

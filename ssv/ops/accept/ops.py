@@ -17,6 +17,9 @@ BONUS_CHUNK = 1024   # the bonus's inverse CDF: chunk masses in parallel, then a
 # the sampled walk with every node's decision at once ([BT, BT] tiles) up to this many rows; a one-warp walk of
 # D x K dependent steps past it (H100, the default round's 51 rows: 40.6 us, scripts/probe_accept_sampled.py)
 NODES_MAX_T = 64
+# a row's fp64 mass, one program a row: its loop is a chain of dependent loads (1,024-token tiles: 48 steps and
+# 16.9 us at the default round's 51 x 49,152 on an H100), so wide tiles (6 steps)
+ROW_MASS_TILE = 8192
 
 
 def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, best: torch.Tensor,
@@ -85,7 +88,7 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
     pk = pdl_args(dev)
     bt = max(16, triton.next_power_of_2(t))
     total = torch.empty(t, dtype=torch.float64, device=dev)
-    row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=1024, **pk, num_warps=4)
+    row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=ROW_MASS_TILE, **pk, num_warps=8)
     path = torch.empty(d + 1, dtype=torch.long, device=dev)
     rows = torch.empty(d + 1, dtype=torch.long, device=dev)
     stop = torch.empty(2, dtype=torch.long, device=dev)   # the stop node, then its bonus coin's bits
