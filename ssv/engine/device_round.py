@@ -10,6 +10,7 @@ runs the same code uncaptured.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -40,13 +41,19 @@ def _sample_bounds(opts) -> tuple:
 
 class DeviceEngine(PhaseGraphs, DevicePrefill):
     def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False,
-                 overlap: Optional[bool] = None):
+                 overlap: Optional[bool] = None, max_buckets: int = 32):
         """graphs: capture CUDA graphs (default: on CUDA). check_sync: run every eager round under the
         host-sync guard (a debugging aid, like CUDA_LAUNCH_BLOCKING; the first warm-up before a
         capture always runs under it). overlap: the generation loops launch a step before they read
         the one before it (default: on CUDA; on the CPU a step runs as it is launched, so launching
-        ahead only wastes the step after a stop token)."""
+        ahead only wastes the step after a stop token). max_buckets: the speculative buckets kept (their
+        graphs, plans and hand-over tensors, ~10 MB of logits alone at the default tree); the least
+        recently used goes when a new one would pass it, so a long-lived engine (`ssv.LLM`) given ever
+        new tree shapes stays bounded."""
+        if not isinstance(max_buckets, int) or max_buckets < 1:
+            raise ValueError(f"max_buckets must be an int >= 1, got {max_buckets!r}")
         self.runner, self.drafter = runner, drafter
+        self.max_buckets = max_buckets
         if drafter is not None and getattr(drafter, "fused", False):
             # the drafter's RoPE read from a table by position: every drafted position (a committed
             # length plus a tree's depth) is below the cache's rows, as the history buffer's
@@ -85,7 +92,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         self.ring: Optional[RowRing] = None   # AR steps' drafter rows until the next round
         self._pf: Optional[dict] = None       # the prefill chunk's static tensors (`prefill`)
         self._plans: dict = {}
-        self._io: dict = {}            # per spec bucket: the static tensors its phases hand over
+        self._io: OrderedDict = OrderedDict()   # per spec bucket: the static tensors its phases hand over (LRU order)
         self._graphs: dict = {}
         self._eager: set = set()       # buckets whose capture failed
         self._warm: set = set()        # buckets warmed up uncaptured (`prepare` without graphs)
@@ -191,6 +198,11 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
 
     def _spec_phases(self, opts, params=None):
         key = (opts.key(), _pkey(params))
+        if key in self._io:
+            self._io.move_to_end(key)
+        else:
+            while len(self._io) >= self.max_buckets:
+                self._evict(next(iter(self._io)))
         io = self._io.setdefault(key, {})
         if key[1] is not None and "coins" not in io:   # a sampled round's uniforms, drawn before each replay
             T, k = _sample_bounds(opts)
@@ -199,6 +211,20 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         return [(("draft", key), lambda: self._draft_body(opts, io, dp)),
                 (("verify", key), lambda: self._verify_body(opts, io, dp)),
                 (("accept", key), lambda: self._accept_body(opts, io, dp))], io
+
+    def _evict(self, key) -> None:
+        """Drop a speculative bucket: its graphs, hand-over tensors and (when no other bucket shares its
+        options) its plan. Its last replay may still run (a launched step), and its memory goes back to
+        the pool that the next capture draws from: wait for it first (a new bucket captures anyway)."""
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        del self._io[key]
+        for phase in ("draft", "verify", "accept"):
+            self._graphs.pop((phase, key), None)
+            self._eager.discard((phase, key))
+            self._warm.discard((phase, key))
+        if all(k[0] != key[0] for k in self._io):
+            self._plans.pop(("spec", key[0]), None)
 
     # ------------------------------------------------------------------ graphs (ssv.engine.graphs)
     def _state(self):

@@ -194,3 +194,27 @@ def test_engine_refuses_what_it_cannot_run():
     other = Runner(target, attention="nsa", nsa=NSA, max_len=200)
     with pytest.raises(ValueError, match="another runner"):
         generate_ar(other, [1, 2, 3], GREEDY, 4, engine=eng)
+
+
+def test_engine_keeps_at_most_max_buckets():
+    """A long-lived engine given ever new tree shapes keeps max_buckets of them (least recently used
+    out), and a shape that was dropped runs again to the same tokens."""
+    target = make_tiny_model(1, vocab=64, n_layers=3)
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=400)
+    prompt = torch.randint(0, 64, (41,), generator=torch.Generator().manual_seed(4)).tolist()
+    ar = generate_ar(r, prompt, GREEDY, 30)
+    d = OracleDeviceDrafter(ar.token_ids, len(prompt), 64)
+    eng = DeviceEngine(r, d, max_buckets=2)
+    specs = [TreeSpec(3, 2, 6), TreeSpec(4, 2, 8), TreeSpec(3, 2, 6), TreeSpec(5, 2, 10), TreeSpec(4, 2, 8),
+             TreeSpec(3, 2, 6)]
+    live = []
+    for spec in specs:
+        opts = SpecOptions(tree=spec)
+        res = generate_spec(r, d, prompt, GREEDY, 30, opts=opts, engine=eng)
+        assert res.token_ids == ar.token_ids
+        live = [k for k in live if k != opts.key()][-1:] + [opts.key()]
+        assert [k[0] for k in eng._io] == live              # least recently used first
+        assert {k[0] for k in eng._plans if k[0] == "spec"} and \
+            {k[1] for k in eng._plans if k[0] == "spec"} == set(live)
+    with pytest.raises(ValueError, match="max_buckets"):
+        DeviceEngine(r, d, max_buckets=0)

@@ -190,3 +190,20 @@ def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs):
         assert spec.stats["ar_steps"] > 0
         runs[twin] = (ar, spec.token_ids)
     assert runs[False] == runs[True]
+
+
+@CUDA
+def test_cuda_evicted_buckets_drop_their_graphs_and_capture_again():
+    """With max_buckets=2, a third tree shape drops the least recently used bucket's three graphs; that
+    shape, run again, is captured again, and every run's tokens equal an eager engine's."""
+    r, d, prompt, eng = _setup("cuda", max_buckets=2)
+    specs = [TreeSpec(3, 2, 8), TreeSpec(2, 2, 6), TreeSpec(4, 2, 10), TreeSpec(3, 2, 8)]
+    for i, spec in enumerate(specs):
+        opts = SpecOptions(tree=spec)
+        got = generate_spec(r, d, prompt, GREEDY, 24, opts=opts, engine=eng, seed=1)
+        r2, d2, _, eager = _setup("cuda", graphs=False)
+        assert got.token_ids == generate_spec(r2, d2, prompt, GREEDY, 24, opts=opts, engine=eager, seed=1).token_ids
+        spec_keys = {k[1] for k in eng._graphs if k[0] in ("draft", "verify", "accept")}
+        assert len(spec_keys) == min(i + 1, 2) and spec_keys == set(eng._io)
+        assert sum(k[0] in ("draft", "verify", "accept") for k in eng._graphs) == 3 * len(spec_keys)
+    assert [k[0] for k in eng._io] == [SpecOptions(tree=specs[2]).key(), SpecOptions(tree=specs[3]).key()]
