@@ -10,6 +10,8 @@ CASES = [  # kernel, pointer / int arguments, constexprs, warps
                                       length="*i64", bonus="*i64", rows="*i64", nxt_tok="*i64"),
      dict(T=57, BT=64, D=9, BD=16, RECORD=True), 1),
     (K.row_mass_fwd_kernel, dict(probs="*fp32", total="*fp64", V="i32", s_p="i32"), dict(BV=8192), 8),
+    (K.probs_rows_fwd_kernel, dict(logits="*fp32", inv_t="*fp32", probs="*fp32", total="*fp64", V="i32", s_l="i32",
+                                   s_p="i32"), dict(BV=4096), 8),
     (K.accept_sample_fwd_kernel, dict(parents="*i64", tokens="*i64", scores="*fp32", probs="*fp32", total="*fp64",
                                       coins="*fp32", path="*i64", length="*i64", rows="*i64", nxt_tok="*i64",
                                       stop="*i64", s_p="i32", s_c="i32"),

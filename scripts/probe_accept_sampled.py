@@ -9,8 +9,8 @@ import torch
 import triton
 
 from ssv.ops.accept.kernels import accept_sample_fwd_kernel, accept_sample_nodes_fwd_kernel, bonus_mass_fwd_kernel, \
-    bonus_pick_fwd_kernel, row_mass_fwd_kernel
-from ssv.ops.accept.ops import BONUS_CHUNK, accept_greedy_round, accept_sample_round, sample_row
+    bonus_pick_fwd_kernel, probs_rows_fwd_kernel, row_mass_fwd_kernel
+from ssv.ops.accept.ops import BONUS_CHUNK, accept_greedy_round, accept_sample_round, probs_rows, sample_row
 from ssv.ops.pdl import pdl_args
 from ssv.ops.topk.ops import row_argmax
 from ssv.spec.accept import SamplingParams, probs_unchecked
@@ -69,6 +69,8 @@ def main(out):
     lastp = torch.empty(nc, dtype=torch.int32, device=dev)
     bt = max(16, triton.next_power_of_2(T))
     best = torch.zeros(T, dtype=torch.long, device=dev)
+    inv = torch.full((1,), params.inv_temperature, device=dev)   # DeviceSampling's scalar, as the engine's
+    pr, tr = torch.empty_like(probs), torch.empty_like(total)
     res = {
         "probs_unchecked (T=0.7)": per_call_us(lambda: probs_unchecked(logits, params)),
         "row_mass (1,024-token tiles, 4 warps)": per_call_us(lambda: row_mass_fwd_kernel[(T,)](
@@ -95,6 +97,10 @@ def main(out):
             parents, tokens, scores, probs, coins, D, K, n, nxt, bonus, nodes=False)),
         "sampled accept: probs + round": per_call_us(lambda: accept_sample_round(
             parents, tokens, scores, probs_unchecked(logits, params).contiguous(), coins, D, K, n, nxt, bonus)),
+        "probs_rows (probabilities and masses, one launch)": per_call_us(lambda: probs_rows(logits, inv)),
+        "sampled accept: probs_rows + round (3 launches)": per_call_us(lambda: accept_sample_round(
+            parents, tokens, scores, *probs_rows(logits, inv, probs=pr, total=tr)[:1], coins, D, K, n, nxt, bonus,
+            total=tr)),
         "greedy accept: row_argmax + walk": per_call_us(lambda: accept_greedy_round(
             parents, tokens, scores, row_argmax(logits, out=best), D, n, nxt, bonus)),
     }
@@ -109,6 +115,14 @@ def main(out):
     res["AR token: sample_device + 2 copies (the twin)"] = per_call_us(twin)
     res["AR token: sample_row"] = per_call_us(lambda: sample_row(p1, coin, out=o1, out2=o2))
     res["AR token: probs_unchecked of one row"] = per_call_us(lambda: probs_unchecked(logits[:1], params))
+    res["AR token: probs_rows of one row"] = per_call_us(lambda: probs_rows(logits[:1], inv))
+    res["AR token: probs_rows + sample_row"] = per_call_us(lambda: sample_row(probs_rows(logits[:1], inv)[0], coin,
+                                                                              out=o1, out2=o2))
+    for bv, w in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (16384, 16)):   # the launch's tile and warps
+        res[f"probs_rows tile {bv}, {w} warps"] = per_call_us(lambda: probs_rows_fwd_kernel[(T,)](
+            logits, inv, pr, tr, V, logits.stride(0), pr.stride(0), BV=bv, **pk, num_warps=w))
+        res[f"probs_rows tile {bv}, {w} warps, one row"] = per_call_us(lambda: probs_rows_fwd_kernel[(1,)](
+            logits, inv, pr, tr, V, logits.stride(0), pr.stride(0), BV=bv, **pk, num_warps=w))
     for k, v in res.items():
         print(f"{k:48s} {v:8.2f} us")
     from ssv.bench.kernels import environment

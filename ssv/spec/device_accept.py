@@ -116,14 +116,25 @@ def accept_sample_round(tree: DeviceTree, logits: torch.Tensor, params, coins: t
     if logits.is_cuda:
         from ssv.ops.accept.ops import MAX_T, accept_sample_round as walk   # lazily, as the top-k
         if tree.n <= MAX_T:
-            probs = probs_unchecked(logits, params).contiguous()
-            return walk(tree.parents, tree.tokens, tree.scores, probs, coins, depth, top_k, length, nxt, bonus)
+            probs, total = probs_device(logits, params)
+            return walk(tree.parents, tree.tokens, tree.scores, probs, coins, depth, top_k, length, nxt, bonus,
+                        total=total)
     path, n, b = accept_sample_device(tree, logits, params, coins, depth, top_k)
     rows, after = round_record_naive(tree.tokens, path, n, b)
     length.copy_(n)
     nxt.copy_(after)
     bonus.copy_(b)
     return path, rows
+
+
+def probs_device(logits: torch.Tensor, params) -> tuple:
+    """`probs_unchecked` for a sampled setting, and the rows' fp64 masses when they come with it: on CUDA
+    without top-p one launch (`ssv.ops.accept.probs_rows`) where the tensor form takes three; else the tensor
+    form and None."""
+    if logits.is_cuda and not params.filters and logits.stride(-1) == 1:
+        from ssv.ops.accept.ops import probs_rows   # lazily, as the walk
+        return probs_rows(logits, params.inv_temperature)
+    return probs_unchecked(logits, params).contiguous(), None
 
 
 def sample_device(p: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:

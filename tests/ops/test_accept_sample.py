@@ -114,6 +114,72 @@ def test_accept_sample_round_refuses_bad_shapes():
                             z[:4].clone(), one)
 
 
+@pytest.mark.parametrize("t,v", [(1, 1), (3, 37), (1, 4097), (51, 300), (5, 9000)])
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+@pytest.mark.parametrize("device_scalar", [False, True])
+def test_probs_rows_matches_twin(t, v, temperature, device_scalar):
+    """softmax(logits / temperature) by rows and their fp64 masses in one launch against `probs_unchecked`:
+    rows with -inf tokens (zero, exactly), one finite token, large logits, across the 4,096-token tiles; the
+    outputs poisoned first (NaN), a row-strided view of wider logits."""
+    from ssv.ops.accept.ops import probs_rows
+    g = torch.Generator().manual_seed(t * 7 + v)
+    wide = torch.randn(t, v + 5, generator=g) * 4
+    wide[torch.rand(t, v + 5, generator=g) < 0.2] = float("-inf")
+    wide[:, 0] = 0.5
+    if t > 2:
+        wide[1, 1:] = float("-inf")          # one token holds the row
+        wide[2] *= 2000                      # exp would overflow without the max
+    logits = wide.to(DEV)[:, :v]
+    params = SamplingParams(temperature=temperature)
+    inv = torch.full((1,), params.inv_temperature, device=DEV) if device_scalar else params.inv_temperature
+    probs = torch.full((t, v), float("nan"), device=DEV)
+    total = torch.full((t,), float("nan"), dtype=torch.float64, device=DEV)
+    got, mass = probs_rows(logits, inv, probs=probs, total=total)
+    assert got.data_ptr() == probs.data_ptr() and mass.data_ptr() == total.data_ptr()
+    want = probs_unchecked(logits, params)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-9)
+    assert torch.equal(got == 0, want == 0)                  # -inf tokens exactly 0, no others
+    torch.testing.assert_close(mass, got.double().sum(1), rtol=1e-12, atol=0)
+    torch.testing.assert_close(mass, torch.ones_like(mass), rtol=1e-5, atol=0)
+
+
+def test_accept_sample_round_takes_the_masses_probs_rows_gives():
+    """The walk with `probs_rows`' masses (three launches) against the same walk computing them (four)."""
+    from ssv.ops.accept.ops import probs_rows
+    params = SamplingParams(temperature=0.8)
+    for seed in range(6):
+        tree, logits, coins = _case(48, 2050, 4, seed)
+        tree = DeviceTree(*(x.to(DEV) for x in (tree.tokens, tree.parents, tree.scores, tree.depth)))
+        probs, total = probs_rows(logits.to(DEV), params.inv_temperature)
+        outs = []
+        for tot in (total, None):
+            rec = torch.full((10,), -777, dtype=torch.long, device=DEV)
+            path, rows = accept_sample_round(tree.parents, tree.tokens, tree.scores, probs.clone(), coins.to(DEV), 8,
+                                             4, rec[0:1], rec[1:], rec[9:10], total=tot)
+            outs.append((path.tolist(), rows.tolist(), rec.tolist()))
+        assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="total"):
+        accept_sample_round(tree.parents, tree.tokens, tree.scores, probs, coins.to(DEV), 8, 4, rec[0:1], rec[1:],
+                            rec[9:10], total=total.float())
+
+
+def test_probs_rows_refuses_bad_input():
+    from ssv.ops.accept.ops import probs_rows
+    x = torch.randn(3, 10, device=DEV)
+    with pytest.raises(ValueError, match="logits"):
+        probs_rows(x[0], 1.0)
+    with pytest.raises(ValueError, match="logits"):
+        probs_rows(x.t(), 1.0)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        probs_rows(x, 0.0)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        probs_rows(x, torch.ones(2, device=DEV))
+    with pytest.raises(ValueError, match="total"):
+        probs_rows(x, 1.0, total=torch.zeros(3, device=DEV))
+    with pytest.raises(ValueError, match="probs"):
+        probs_rows(x, 1.0, probs=torch.zeros(3, 9, device=DEV))
+
+
 @pytest.mark.parametrize("v", [1, 37, 1024, 1025, 2050, 5000])
 def test_sample_row_matches_twin(v):
     """An AR step's sampled token (`sample_row`, the bonus's two launches) against `sample_device`: random

@@ -63,6 +63,37 @@ def accept_greedy_fwd_kernel(parents, tokens, scores, best, path, length, bonus,
 
 
 @triton.jit
+def probs_rows_fwd_kernel(logits, inv_t, probs, total, V, s_l, s_p, BV: tl.constexpr, PDL: tl.constexpr = False):
+    # probs[u] = softmax(logits[u] * inv_t) (`ssv.spec.accept.probs_unchecked` without top-p) and total[u] = the
+    # written row's sum in fp64 (`row_mass_fwd_kernel`'s), one program a row: the scaled row's max and sum of
+    # exp(x - max) per lane (no cross-lane reduction inside the loop), then the normalised row
+    pdl_prologue(PDL)
+    i_u = tl.program_id(0).to(tl.int64)
+    p_l = logits + i_u * s_l
+    p_p = probs + i_u * s_p
+    b_it = tl.load(inv_t).to(tl.float32)
+    b_m = tl.full([BV], float("-inf"), dtype=tl.float32)                # [BV]
+    b_s = tl.zeros([BV], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        b_x = tl.load(p_l + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32) * b_it
+        b_mn = tl.maximum(b_m, b_x)
+        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)    # a lane with nothing yet: no rescale, nothing added
+        b_s = b_s * tl.exp(b_m - b_ms) + tl.exp(b_x - b_ms)
+        b_m = b_mn
+    m = tl.max(b_m, 0)
+    r = 1.0 / tl.sum(b_s * tl.exp(b_m - m), 0)
+    b_acc = tl.zeros([BV], dtype=tl.float64)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        m_v = o_v < V
+        b_p = tl.exp(tl.load(p_l + o_v, mask=m_v, other=float("-inf")).to(tl.float32) * b_it - m) * r
+        tl.store(p_p + o_v, b_p, mask=m_v)
+        b_acc += b_p.to(tl.float64)
+    tl.store(total + i_u, tl.sum(b_acc, 0))
+
+
+@triton.jit
 def row_mass_fwd_kernel(probs, total, V, s_p, BV: tl.constexpr, PDL: tl.constexpr = False):
     # total[u] = sum_v probs[u, v], accumulated in fp64: the mass the sampled walk starts from at u
     pdl_prologue(PDL)

@@ -9,7 +9,8 @@ import torch
 import triton
 
 from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, accept_sample_nodes_fwd_kernel,
-                                   bonus_mass_fwd_kernel, bonus_pick_fwd_kernel, row_mass_fwd_kernel)
+                                   bonus_mass_fwd_kernel, bonus_pick_fwd_kernel, probs_rows_fwd_kernel,
+                                   row_mass_fwd_kernel)
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
@@ -20,6 +21,37 @@ NODES_MAX_T = 64
 # a row's fp64 mass, one program a row: its loop is a chain of dependent loads (1,024-token tiles: 48 steps and
 # 16.9 us at the default round's 51 x 49,152 on an H100), so wide tiles (6 steps)
 ROW_MASS_TILE = 8192
+PROBS_TILE = 4096   # `probs_rows`: a program a row, two passes (the second from L2)
+
+
+def probs_rows(logits: torch.Tensor, inv_temperature, probs: Optional[torch.Tensor] = None,
+               total: Optional[torch.Tensor] = None) -> tuple:
+    """softmax(logits * inv_temperature) by rows, `ssv.spec.accept.probs_unchecked` for a setting without
+    top-p (its twin, equal to float rounding), and each row's fp64 mass as `accept_sample_round` needs it, in
+    one launch where the tensor form takes three (the scale, the softmax, the masses). logits [T, V] float
+    with a contiguous last dimension; inv_temperature a float or a device scalar (`DeviceSampling`'s, which
+    a graph reads). Returns (probs [T, V] fp32, total [T] fp64), into `probs` / `total` when given."""
+    if logits.dim() != 2 or logits.shape[0] == 0 or logits.shape[1] == 0 or not logits.is_floating_point() \
+            or logits.stride(1) != 1:
+        raise ValueError(f"probs_rows: logits must be a float [T, V] with T, V > 0 and a contiguous last dimension, "
+                         f"got {tuple(logits.shape)} {logits.dtype}")
+    t, v = logits.shape
+    dev = logits.device
+    if not isinstance(inv_temperature, torch.Tensor):
+        if not 0 < float(inv_temperature) < float("inf"):
+            raise ValueError(f"probs_rows: inv_temperature must be finite and > 0, got {inv_temperature}")
+        inv_temperature = torch.full((1,), float(inv_temperature), dtype=torch.float32, device=dev)
+    elif inv_temperature.numel() != 1 or inv_temperature.device != dev:
+        raise ValueError(f"probs_rows: inv_temperature must be one value on {dev}")
+    probs = torch.empty(t, v, dtype=torch.float32, device=dev) if probs is None else probs
+    total = torch.empty(t, dtype=torch.float64, device=dev) if total is None else total
+    if probs.shape != (t, v) or probs.dtype != torch.float32 or probs.stride(1) != 1:
+        raise ValueError(f"probs_rows: probs must be fp32 [{t}, {v}] with a contiguous last dimension")
+    if total.shape != (t,) or total.dtype != torch.float64:
+        raise ValueError(f"probs_rows: total must be fp64 [{t}]")
+    probs_rows_fwd_kernel[(t,)](logits, inv_temperature, probs, total, v, logits.stride(0), probs.stride(0),
+                                BV=PROBS_TILE, **pdl_args(dev), num_warps=8)
+    return probs, total
 
 
 def accept_greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, best: torch.Tensor,
@@ -66,13 +98,14 @@ def accept_greedy_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
 
 def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
                         coins: torch.Tensor, max_depth: int, top_k: int, length: torch.Tensor, nxt: torch.Tensor,
-                        bonus: torch.Tensor, nodes: Optional[bool] = None):
+                        bonus: torch.Tensor, nodes: Optional[bool] = None, total: Optional[torch.Tensor] = None):
     """The sampled walk (`ssv.spec.device_accept.accept_sample_device`: the same path and bonus for the same
     coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
     bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`), which
     this consumes: the stop node's tried tokens are zeroed in its row. coins [>= T, top_k + 1].
     Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus. nodes: the walk with
-    every node's decision at once (default: up to `NODES_MAX_T` rows), else the one-warp walk.
+    every node's decision at once (default: up to `NODES_MAX_T` rows), else the one-warp walk. total: the rows'
+    fp64 masses when the caller has them (`probs_rows`): then three launches.
     Returns (path, rows) [max_depth + 1] each."""
     t, d = parents.numel(), max_depth
     if not (tokens.numel() == scores.numel() == t) or not 0 < t <= MAX_T:
@@ -87,8 +120,11 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
     dev, v = parents.device, probs.shape[1]
     pk = pdl_args(dev)
     bt = max(16, triton.next_power_of_2(t))
-    total = torch.empty(t, dtype=torch.float64, device=dev)
-    row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=ROW_MASS_TILE, **pk, num_warps=8)
+    if total is None:
+        total = torch.empty(t, dtype=torch.float64, device=dev)
+        row_mass_fwd_kernel[(t,)](probs, total, v, probs.stride(0), BV=ROW_MASS_TILE, **pk, num_warps=8)
+    elif total.dtype != torch.float64 or total.numel() < t or total.stride(0) != 1:
+        raise ValueError(f"accept_sample_round: total must be a contiguous fp64 [>= {t}]")
     path = torch.empty(d + 1, dtype=torch.long, device=dev)
     rows = torch.empty(d + 1, dtype=torch.long, device=dev)
     stop = torch.empty(2, dtype=torch.long, device=dev)   # the stop node, then its bonus coin's bits
