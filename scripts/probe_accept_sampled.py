@@ -8,7 +8,7 @@ import sys
 import torch
 import triton
 
-from ssv.ops.accept.kernels import accept_sample_fwd_kernel, accept_sample_nodes_fwd_kernel, bonus_mass_fwd_kernel, \
+from ssv.ops.accept.kernels import accept_sample_fwd_kernel, bonus_mass_fwd_kernel, \
     bonus_pick_fwd_kernel, probs_rows_fwd_kernel, row_mass_fwd_kernel
 from ssv.ops.accept.ops import BONUS_CHUNK, accept_greedy_round, accept_sample_round, probs_rows, sample_row
 from ssv.ops.pdl import pdl_args
@@ -80,12 +80,6 @@ def main(out):
         "walk (1 warp)": per_call_us(lambda: accept_sample_fwd_kernel[(1,)](
             parents, tokens, scores, probs, total, coins, path, n, rows, nxt, stop, probs.stride(0),
             coins.stride(0), T=T, BT=bt, D=D, BD=16, K=K, BK=16, **pk, num_warps=1)),
-        "walk, every node at once (4 warps)": per_call_us(lambda: accept_sample_nodes_fwd_kernel[(1,)](
-            parents, tokens, scores, probs, total, coins, path, n, rows, nxt, stop, probs.stride(0),
-            coins.stride(0), T=T, BT=bt, D=D, BD=16, K=K, BK=16, **pk, num_warps=4)),
-        "walk, every node at once (8 warps)": per_call_us(lambda: accept_sample_nodes_fwd_kernel[(1,)](
-            parents, tokens, scores, probs, total, coins, path, n, rows, nxt, stop, probs.stride(0),
-            coins.stride(0), T=T, BT=bt, D=D, BD=16, K=K, BK=16, **pk, num_warps=8)),
         "bonus mass + pick": per_call_us(lambda: (
             bonus_mass_fwd_kernel[(nc,)](probs, stop, part, lastp, V, probs.stride(0), BV=BONUS_CHUNK, **pk,
                                          num_warps=4),
@@ -93,8 +87,6 @@ def main(out):
                                         BV=BONUS_CHUNK, NCP=64, **pk, num_warps=4))),
         "accept_sample_round (after probs)": per_call_us(lambda: accept_sample_round(
             parents, tokens, scores, probs, coins, D, K, n, nxt, bonus)),
-        "accept_sample_round (after probs), one-warp walk": per_call_us(lambda: accept_sample_round(
-            parents, tokens, scores, probs, coins, D, K, n, nxt, bonus, nodes=False)),
         "sampled accept: probs + round": per_call_us(lambda: accept_sample_round(
             parents, tokens, scores, probs_unchecked(logits, params).contiguous(), coins, D, K, n, nxt, bonus)),
         "probs_rows (probabilities and masses, one launch)": per_call_us(lambda: probs_rows(logits, inv)),

@@ -43,9 +43,7 @@ def _case(t, v, k, seed, peaked=False):
 @pytest.mark.parametrize("t,v,k,d,seed", [(1, 37, 2, 3, 0), (9, 37, 3, 4, 1), (48, 1100, 9, 6, 2),
                                           (48, 2050, 4, 8, 3), (130, 300, 5, 9, 4), (33, 1024, 2, 12, 5)])
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8)])
-@pytest.mark.parametrize("nodes", [None, False])
-def test_accept_sample_kernel_matches_twin(t, v, k, d, seed, temperature, top_p, nodes):
-    """Both walks (every node's decisions at once, the default up to 64 rows; the one-warp walk)."""
+def test_accept_sample_kernel_matches_twin(t, v, k, d, seed, temperature, top_p):
     params = SamplingParams(temperature=temperature, top_p=top_p)
     for i in range(4):
         tree, logits, coins = _case(t, v, k, seed * 10 + i, peaked=i == 3)
@@ -57,7 +55,7 @@ def test_accept_sample_kernel_matches_twin(t, v, k, d, seed, temperature, top_p,
         bonus = torch.full((1,), -777, dtype=torch.long, device=DEV)
         probs = probs_unchecked(logits, params).contiguous()
         path, rows = accept_sample_round(tree.parents, tree.tokens, tree.scores, probs, coins, d, k, rec[0:1],
-                                         rec[1:d + 2], bonus, nodes=nodes)
+                                         rec[1:d + 2], bonus)
         assert torch.equal(path, want_path) and torch.equal(rows, want_rows)
         assert torch.equal(rec[0:1], want_n) and torch.equal(rec[1:d + 2], want_nxt) and torch.equal(bonus, want_b)
         assert (rec[d + 2:] == -777).all()
@@ -65,8 +63,7 @@ def test_accept_sample_kernel_matches_twin(t, v, k, d, seed, temperature, top_p,
 
 
 @pytest.mark.parametrize("v", [5, 9])
-@pytest.mark.parametrize("nodes", [True, False])
-def test_accept_sample_kernel_matches_twin_on_small_vocabularies(v, nodes):
+def test_accept_sample_kernel_matches_twin_on_small_vocabularies(v):
     """Few tokens, so siblings often share one after a rejection (its second copy must never be
     taken) and the bonus's removed tokens carry most of the mass."""
     params = SamplingParams(temperature=1.0)
@@ -80,12 +77,11 @@ def test_accept_sample_kernel_matches_twin_on_small_vocabularies(v, nodes):
         bonus = torch.zeros(1, dtype=torch.long, device=DEV)
         path, _ = accept_sample_round(tree.parents, tree.tokens, tree.scores,
                                       probs_unchecked(logits, params).contiguous(), coins, d, k, rec[0:1], rec[1:],
-                                      bonus, nodes=nodes)
+                                      bonus)
         assert torch.equal(path, want[0]) and torch.equal(rec[0:1], want[1]) and torch.equal(bonus, want[2])
 
 
-@pytest.mark.parametrize("nodes", [True, False])
-def test_accept_sample_kernel_walks_past_the_first_level(nodes):
+def test_accept_sample_kernel_walks_past_the_first_level():
     """A chain whose every token has all the mass: the whole chain is accepted (a twin that stopped
     at the root would also agree with a kernel that stopped there)."""
     t, v, k, d = 6, 50, 2, 5
@@ -99,7 +95,7 @@ def test_accept_sample_kernel_walks_past_the_first_level(nodes):
     bonus = torch.zeros(1, dtype=torch.long, device=DEV)
     probs = probs_unchecked(logits.to(DEV), SamplingParams(temperature=1.0)).contiguous()
     path, _ = accept_sample_round(tree.parents, tree.tokens, tree.scores, probs, torch.rand(t, k + 1, device=DEV),
-                                  d, k, rec[0:1], rec[1:], bonus, nodes=nodes)
+                                  d, k, rec[0:1], rec[1:], bonus)
     assert path.tolist() == list(range(t)) and int(rec[0]) == t and int(bonus) == 12
 
 

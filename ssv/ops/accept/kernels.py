@@ -170,65 +170,6 @@ def accept_sample_fwd_kernel(parents, tokens, scores, probs, total, coins, path,
 
 
 @triton.jit
-def accept_sample_nodes_fwd_kernel(parents, tokens, scores, probs, total, coins, path, length, rows, nxt_tok, stop,
-                                   s_p, s_c, T: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                                   K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
-    # `accept_sample_fwd_kernel` with every node's decision taken at once: a node's children, their coins
-    # and q never depend on the path that reaches it, so the K sibling steps run over all nodes side by side
-    # ([BT nodes, BT children] tiles, the same fp64 arithmetic in the same order per node), and the walk
-    # is then D steps of a lookup (the accepted child, none or the node's tried tokens). Small trees
-    # (BT <= 64): the tiles are BT x BT; the one-warp walk's D x K dependent reduction chains took ~40 us
-    pdl_prologue(PDL)
-    o_t, m_t, b_p, b_k, b_s = _load_tree(parents, tokens, scores, T, BT)
-    m_c = m_t & (b_p >= 0)
-    b_q = tl.load(probs + tl.maximum(b_p, 0) * s_p + tl.maximum(b_k, 0), mask=m_c, other=0.0).to(tl.float64)
-    b_tot = tl.load(total + o_t, mask=m_t, other=0.0)
-    o_j = tl.arange(0, BK)
-    b_coin = tl.load(coins + o_t[:, None].to(tl.int64) * s_c + o_j[None, :],
-                     mask=m_t[:, None] & (o_j <= K)[None, :], other=1.0).to(tl.float64)   # [BT, BK]
-    kids = (b_p[None, :] == o_t[:, None]) & m_c[None, :]                                # [BT node, BT child]
-    tried = kids & (o_t < 0)[None, :]
-    cum = tl.zeros([BT], dtype=tl.float64)
-    acc = tl.full([BT], BT, dtype=tl.int32)                       # each node's accepted child (BT: none)
-    b_tok = tl.full([BT, BK], -1, dtype=tl.int64)                 # its children's tokens, in sibling order
-    for j in tl.static_range(K):
-        cand = kids & ~tried
-        b_m = tl.max(tl.where(cand, b_s[None, :], float("-inf")), 1)
-        c = tl.min(tl.where(cand & (b_s[None, :] == b_m[:, None]), o_t[None, :], BT), 1)   # [BT]
-        hit = o_t[None, :] == c[:, None]
-        tried = tried | hit
-        x = tl.sum(tl.where(hit, b_k[None, :], 0), 1).to(tl.int64)
-        dup = tl.sum(((b_tok == x[:, None]) & (o_j < j)[None, :]).to(tl.int32), 1) > 0
-        b_tok = tl.where((o_j == j)[None, :], tl.where(c < BT, x, -1)[:, None], b_tok)
-        live = (c < BT) & (acc == BT)
-        q = tl.where(live & ~dup, tl.sum(tl.where(hit, b_q[None, :], 0.0), 1), 0.0)
-        cum += q
-        r = b_tot - (cum - q)
-        coin = tl.sum(tl.where((o_j == j)[None, :], b_coin, 0.0), 1)
-        ok = live & ((coin * r < q) | ((q > 0) & (r - q <= 1e-12 * r)))
-        acc = tl.where(ok, c, acc)
-    cur = tl.zeros([], dtype=tl.int64)
-    n = tl.full([], 1, dtype=tl.int64)
-    alive = tl.full([], 1, dtype=tl.int1)
-    tl.store(path, cur)
-    o_d = tl.arange(0, BD)
-    b_after = tl.zeros([BD], dtype=tl.int64)
-    b_rm = tl.full([BK], -1, dtype=tl.int64)      # the stop node's children's tokens (tried, removed)
-    for d in tl.static_range(1, D + 1):
-        at = o_t == cur
-        nxt = tl.sum(tl.where(at, acc, 0), 0).to(tl.int64)
-        has = nxt < BT
-        b_rm = tl.where(alive & ~has, tl.sum(tl.where(at[:, None], b_tok, 0), 0), b_rm)
-        cur, b_after, n, alive = _advance(path, d, alive & has, nxt, cur, b_after, n, alive, o_d)
-    cb = tl.sum(tl.sum(tl.where((o_t == cur)[:, None] & (o_j == K)[None, :], b_coin, 0.0), 1), 0)
-    tl.store(stop, cur)
-    tl.store(stop + 1, cb.to(tl.int64, bitcast=True))
-    tl.store(probs + cur * s_p + tl.maximum(b_rm, 0), tl.zeros([BK], dtype=probs.dtype.element_ty), mask=b_rm >= 0)
-    tl.store(length, n)
-    tl.store(nxt_tok + o_d, _store_rows(rows, tokens, b_after, o_d, D), mask=(o_d <= D) & (o_d != n - 1))
-
-
-@triton.jit
 def bonus_mass_fwd_kernel(probs, stop, part, lastp, V, s_p, BV: tl.constexpr, STOP: tl.constexpr = True,
                           PDL: tl.constexpr = False):
     # chunk i_c of one row: the fp64 mass and the last index with mass (-1 for none). STOP: the row is

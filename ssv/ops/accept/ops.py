@@ -8,16 +8,12 @@ from typing import Optional
 import torch
 import triton
 
-from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, accept_sample_nodes_fwd_kernel,
-                                   bonus_mass_fwd_kernel, bonus_pick_fwd_kernel, probs_rows_fwd_kernel,
-                                   row_mass_fwd_kernel)
+from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, bonus_mass_fwd_kernel,
+                                   bonus_pick_fwd_kernel, probs_rows_fwd_kernel, row_mass_fwd_kernel)
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
 BONUS_CHUNK = 1024   # the bonus's inverse CDF: chunk masses in parallel, then a scan of one chunk
-# the sampled walk with every node's decision at once ([BT, BT] tiles) up to this many rows; a one-warp walk of
-# D x K dependent steps past it (H100, the default round's 51 rows: 40.6 us, scripts/probe_accept_sampled.py)
-NODES_MAX_T = 64
 # a row's fp64 mass, one program a row: its loop is a chain of dependent loads (1,024-token tiles: 48 steps and
 # 16.9 us at the default round's 51 x 49,152 on an H100), so wide tiles (6 steps)
 ROW_MASS_TILE = 8192
@@ -98,14 +94,13 @@ def accept_greedy_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
 
 def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
                         coins: torch.Tensor, max_depth: int, top_k: int, length: torch.Tensor, nxt: torch.Tensor,
-                        bonus: torch.Tensor, nodes: Optional[bool] = None, total: Optional[torch.Tensor] = None):
+                        bonus: torch.Tensor, total: Optional[torch.Tensor] = None):
     """The sampled walk (`ssv.spec.device_accept.accept_sample_device`: the same path and bonus for the same
     coins) and the round's record, written into the caller's length [1], nxt [max_depth + 1] and
     bonus [1] as `accept_greedy_round`. probs [T, V] fp32 (the target's, `probs_unchecked`), which
     this consumes: the stop node's tried tokens are zeroed in its row. coins [>= T, top_k + 1].
-    Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus. nodes: the walk with
-    every node's decision at once (default: up to `NODES_MAX_T` rows), else the one-warp walk. total: the rows'
-    fp64 masses when the caller has them (`probs_rows`): then three launches.
+    Four launches: the rows' masses, the walk, the bonus's chunk masses, the bonus; three when the caller has
+    the rows' fp64 masses (total, from `probs_rows`).
     Returns (path, rows) [max_depth + 1] each."""
     t, d = parents.numel(), max_depth
     if not (tokens.numel() == scores.numel() == t) or not 0 < t <= MAX_T:
@@ -128,11 +123,10 @@ def accept_sample_round(parents: torch.Tensor, tokens: torch.Tensor, scores: tor
     path = torch.empty(d + 1, dtype=torch.long, device=dev)
     rows = torch.empty(d + 1, dtype=torch.long, device=dev)
     stop = torch.empty(2, dtype=torch.long, device=dev)   # the stop node, then its bonus coin's bits
-    wide = t <= NODES_MAX_T if nodes is None else bool(nodes)
-    walk = accept_sample_nodes_fwd_kernel if wide else accept_sample_fwd_kernel
-    walk[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total, coins, path, length, rows,
-               nxt, stop, probs.stride(0), coins.stride(0), T=t, BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)),
-               K=top_k, BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=4 if wide else 1)
+    accept_sample_fwd_kernel[(1,)](parents.contiguous(), tokens.contiguous(), scores.contiguous(), probs, total,
+                                   coins, path, length, rows, nxt, stop, probs.stride(0), coins.stride(0), T=t,
+                                   BT=bt, D=d, BD=max(16, triton.next_power_of_2(d + 1)), K=top_k,
+                                   BK=max(2, triton.next_power_of_2(top_k + 1)), **pk, num_warps=1)
     _inverse_cdf(probs, stop, stop, length, bonus, nxt, True)
     return path, rows
 
