@@ -46,3 +46,12 @@ steps() {  # $1 who, $2 out folder: the step table at STEPS (4K; random weights)
         python3 "$R/scripts/patched.py" ${PATCH:-} -- bench e2e --no-default --steps ${STEPS:-4096} \
         --steps-shape ${STEPS_SHAPE:-smollm2-135m} --out "$OUTD/$2" 2>&1 | grep -v -i warn | tail -12)
 }
+
+receive_part() {  # $1 N: the GGUF's part N (carried by this call); with part 1 also the Llama step table at 64K
+    # (#12) from an empty directory, unless NO_STEPS=1
+    bash scripts/train_draft_gpu.sh receive $1 >/dev/null
+    [ "$1" = 1 ] && [ -z "${NO_STEPS:-}" ] || return 0
+    mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
+        bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
+        | grep -v -i warn | tail -14)
+}

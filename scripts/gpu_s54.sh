@@ -10,7 +10,7 @@
 #       ".stage/e2e-prompts.json", ".stage/pk54.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
 #       prev = a2b7136 (code f1e7d54, session 53's final) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
 # SSV_COMMIT names head's commit (no git there).
-source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps
+source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps, receive_part
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
     case $1 in prev) echo "/tmp/prev54 a2b7136" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
@@ -27,13 +27,7 @@ accept_cuda() {
 case "${1:?call}" in
 a) accept_cuda ;;
 q0) bash scripts/train_draft_gpu.sh receive 0 >/dev/null; accept_cuda ;;
-q1)
-    bash scripts/train_draft_gpu.sh receive 1 >/dev/null
-    [ -z "${NO_STEPS:-}" ] && mkdir -p /tmp/cwd-steps && (cd /tmp/cwd-steps && SSV_COMMIT=${SSV_COMMIT:-head} timeout 150 python3 -m ssv \
-        bench e2e --no-default --steps 65536 --steps-shape llama3.1-8b --out "$OUTD/steps-llama-64k" 2>&1 \
-        | grep -v -i warn | tail -14)
-    ;;
-q2|q3) bash scripts/train_draft_gpu.sh receive ${1#q} >/dev/null ;;
+q1|q2|q3) receive_part ${1#q} ;;
 ab)
     unpack_pkgs .stage/pk54.tar.xz prev54
     E2E_TIMEOUT=${E2E_TIMEOUT:-150} E2E_EXTRA=${E2E_EXTRA:---temperature 0.7} e2e_pkgs ${WHO:-prev head}
