@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ssv.attention_device import device_plan
+from ssv.engine.buckets import Buckets, sample_bounds, sampling_key
 from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
@@ -26,20 +26,7 @@ from ssv.spec.device_accept import accept_greedy_round, accept_sample_round, pro
 from ssv.spec.lookup import grow_with_chain
 
 
-def _pkey(params):
-    """The sampling parameters' graph key (None for greedy): only whether top-p filters. Temperature and top-p
-    are device scalars (`DeviceSampling`) that a graph reads, so one graph serves every setting."""
-    return None if params is None or params.greedy else ("sample", params.filters)
-
-
-def _sample_bounds(opts) -> tuple:
-    """A sampled round's (rows, most children of a node): a chain from the context (ssv.spec.lookup)
-    adds its rows and may hang one child more under a node than the head's top-k (and run past the
-    head's depth: `opts.max_depth`)."""
-    return opts.tree.total_tokens + opts.lookup, opts.tree.top_k + int(opts.lookup > 0)
-
-
-class DeviceEngine(PhaseGraphs, DevicePrefill):
+class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
     def __init__(self, runner: Runner, drafter=None, graphs: Optional[bool] = None, check_sync: bool = False,
                  overlap: Optional[bool] = None, max_buckets: int = 32):
         """graphs: capture CUDA graphs (default: on CUDA). check_sync: run every eager round under the
@@ -106,12 +93,6 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         self._slot = 0
 
     # ------------------------------------------------------------------ bodies (captured as graphs)
-    def _plan(self, key, n: int, opts=None):
-        if key not in self._plans:
-            r = self.runner
-            self._plans[key] = device_plan(r.attention, r.nsa, opts, n, r.cache, r.model.cfg.n_heads, self.kernels)
-        return self._plans[key]
-
     def _ar_body(self, params=None, keep_taps: bool = False) -> None:
         cache, model = self.runner.cache, self.runner.model
         plan = self._plan(("ar",), 1)
@@ -166,65 +147,13 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         if params is None or params.greedy:
             path, rows = accept_greedy_round(flat, io["logits"], D, n, nxt, self.tok)
         else:
-            _, k = _sample_bounds(opts)
+            _, k = sample_bounds(opts)
             path, rows = accept_sample_round(flat, io["logits"], params, io["coins"], D, k, n, nxt, self.tok)
         # the text by position gets the token after each path row (past the accepted count they land
         # beyond the text's end: never read)
         cache.commit_device(path, n, kernel=self.kernels, hist=self.hist, tokens=nxt)
         # row i of the drafter: (the target's feature at path[i], the token after it)
         dr.commit_rows(io["taps"][rows], nxt, n)
-
-    def _device_params(self, params):
-        """What a body reads for sampling: None (greedy), or the static buffer with params' values written."""
-        return None if _pkey(params) is None else self.sampling.view(params)
-
-    def _ar_phases(self, params=None, keep_taps: bool = False):
-        dp = self._device_params(params)
-        return [(("ar", _pkey(params), keep_taps), lambda: self._ar_body(dp, keep_taps))]
-
-    def _catch_up_phases(self):
-        k = self.ring.k
-        return [(("catch-up", k), lambda: self.ring.commit_body(k))]
-
-    def _ring(self, top_k: int) -> RowRing:
-        """The AR steps' drafter rows (a fall-back's), made at the first step that keeps them; top_k:
-        the tree's branching, for the catch-up's agreement count (the latest step's)."""
-        if self.drafter is None:
-            raise ValueError("keep_taps needs a drafter")
-        if self.ring is None:
-            self.ring = RowRing(self.runner, self.drafter, top_k)
-        self.ring.set_k(top_k)
-        return self.ring
-
-    def _spec_phases(self, opts, params=None):
-        key = (opts.key(), _pkey(params))
-        if key in self._io:
-            self._io.move_to_end(key)
-        else:
-            while len(self._io) >= self.max_buckets:
-                self._evict(next(iter(self._io)))
-        io = self._io.setdefault(key, {})
-        if key[1] is not None and "coins" not in io:   # a sampled round's uniforms, drawn before each replay
-            T, k = _sample_bounds(opts)
-            io["coins"] = torch.zeros(T, k + 1, device=self.coin.device)
-        dp = self._device_params(params)
-        return [(("draft", key), lambda: self._draft_body(opts, io, dp)),
-                (("verify", key), lambda: self._verify_body(opts, io, dp)),
-                (("accept", key), lambda: self._accept_body(opts, io, dp))], io
-
-    def _evict(self, key) -> None:
-        """Drop a speculative bucket: its graphs, hand-over tensors and (when no other bucket shares its
-        options) its plan. Its last replay may still run (a launched step), and its memory goes back to
-        the pool that the next capture draws from: wait for it first (a new bucket captures anyway)."""
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.runner.device)
-        del self._io[key]
-        for phase in ("draft", "verify", "accept"):
-            self._graphs.pop((phase, key), None)
-            self._eager.discard((phase, key))
-            self._warm.discard((phase, key))
-        if all(k[0] != key[0] for k in self._io):
-            self._plans.pop(("spec", key[0]), None)
 
     # ------------------------------------------------------------------ graphs (ssv.engine.graphs)
     def _state(self):
@@ -277,7 +206,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         rows before the next round); top_k: the tree's branching, for the catch-up's agreement count."""
         if keep_taps and self._ring(top_k).full:
             self.catch_up()
-        if _pkey(params) is not None:
+        if sampling_key(params) is not None:
             torch.rand(1, generator=self.gen, device=self.coin.device, out=self.coin)
         t = self._record(self._ar_phases(params, keep_taps), 2, "ar")
         if keep_taps:
@@ -292,7 +221,7 @@ class DeviceEngine(PhaseGraphs, DevicePrefill):
         self._check_round(opts)
         self.catch_up()
         phases, io = self._spec_phases(opts, params)
-        if _pkey(params) is not None:
+        if sampling_key(params) is not None:
             torch.rand(io["coins"].shape, generator=self.gen, device=self.coin.device, out=io["coins"])
         return self._record(phases, opts.max_depth + 2, "spec")
 
