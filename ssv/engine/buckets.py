@@ -23,7 +23,7 @@ def sample_bounds(opts) -> tuple:
 
 
 class Buckets:
-    """Mixed into `DeviceEngine`, which provides runner, drafter, ring, sampling, kernels, max_buckets, `_plans`,
+    """Mixed into `DeviceEngine`, which provides runner, drafter, ring, sampling, coin, kernels, max_buckets, `_plans`,
     `_io` (an OrderedDict, least recently used first), `_graphs`, `_eager`, `_warm` and the bodies (`_ar_body`,
     `_draft_body`, `_verify_body`, `_accept_body`)."""
 

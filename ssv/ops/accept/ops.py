@@ -1,6 +1,7 @@
-"""Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (four
-launches after the target's probabilities, where the tensor form takes ~115 with the record); an AR
-step's sampled token with the walk's bonus launches (`sample_row`)."""
+"""Launchers of the tree walks: greedy (one launch where the tensor walk takes ~100) and sampled (three
+launches after `probs_rows`, which gives the target's probabilities with their rows' masses, or four after
+probabilities without them; the tensor form takes ~115 with the record); an AR step's sampled token with the
+walk's bonus launches (`sample_row`)."""
 from __future__ import annotations
 
 from typing import Optional
