@@ -101,8 +101,8 @@ class KVCache:
         src = self.length + idx
         dst = self.length + torch.arange(idx.numel(), device=idx.device)
         # src >= dst elementwise and increasing, so copying in one gather never reads an overwritten slot
-        self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
+        for t in (self.k, self.v):
+            t.index_copy_(2, dst, t.index_select(2, src))
         self.commit(idx.numel())
 
     def _update_compressed(self) -> None:
