@@ -63,7 +63,7 @@ def main() -> None:
     blocks = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     llm = LLM("default")
     runs = capture(llm)
-    ns: dict = {}
+    ns: dict = {"llm": llm}   # a variant may patch the loaded model or head
     exec(compile(open(vfile).read(), vfile, "exec"), ns)
     variants = ns["VARIANTS"]
     res = {(v, p): [] for v in variants for p in runs}
