@@ -67,7 +67,7 @@ def main() -> None:
     exec(compile(open(vfile).read(), vfile, "exec"), ns)
     variants = ns["VARIANTS"]
     res = {(v, p): [] for v in variants for p in runs}
-    with torch.no_grad():
+    with torch.inference_mode():   # as a CPU generation runs since session 55 (`ssv.engine.generate.decoding`)
         for _ in range(blocks):
             for v, (enter, leave) in variants.items():
                 enter()

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ssv.attention import StepMeta, VerifyOptions
-from ssv.engine.generate import GenResult, _sync, check_budget, pick_token, prefill_of
+from ssv.engine.generate import GenResult, _sync, check_budget, decoding, pick_token, prefill_of
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
 from ssv.spec.lookup import attach_chain, context_lookup
@@ -103,6 +103,7 @@ def _ar_keep(runner: Runner, drafter, root: int, params: SamplingParams, gen: to
     return [nxt]
 
 
+@decoding
 def generate_spec(runner: Runner, drafter, prompt_ids: list, params: SamplingParams, max_new_tokens: int,
                   opts: Optional[SpecOptions] = None, seed: int = 0, stop_ids=(), progress: bool = False,
                   planner=None, engine=None, fallback=None, round_seconds: Optional[list] = None,

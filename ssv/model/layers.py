@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ssv.config import ModelConfig, RopeConfig
-from ssv.ops.linear.cpu import cpu_form, cpu_linear, uses_forms
+from ssv.ops.linear.cpu import cpu_form, cpu_linear, tensor_version, uses_forms
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +57,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def _cat_cached(owner: nn.Module, name: str, parts, norm_w=None) -> torch.Tensor:
     """torch.cat(parts) kept on `owner` (not a parameter) until any part is replaced or modified;
     norm_w: with that RMSNorm weight folded into its columns (`fold_norm`)."""
-    key = tuple((p.data_ptr(), p._version) for p in list(parts) + ([] if norm_w is None else [norm_w]))
+    key = tuple((p.data_ptr(), tensor_version(p)) for p in list(parts) + ([] if norm_w is None else [norm_w]))
     hit = owner.__dict__.get(name)
     if hit is None or hit[0] != key:
         from ssv.ops.glue.naive import fold_norm

@@ -64,14 +64,20 @@ def available_forms() -> tuple:
 _PACKS: dict = {}
 
 
+def tensor_version(t: torch.Tensor) -> int:
+    """t's in-place version counter, 0 for an inference tensor (it has none: one made in a generation's
+    inference mode, e.g. a cached concatenation, is never changed in place again)."""
+    return 0 if t.is_inference() else t._version
+
+
 def packed_weight(w: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked copy of w [N, K] for `_linear_pointwise` (made once per weight and version)."""
     key = id(w)
     e = _PACKS.get(key)
-    if e is None or e[0]() is not w or e[1] != w._version:
+    if e is None or e[0]() is not w or e[1] != tensor_version(w):
         ref = weakref.ref(w, lambda _, key=key: _PACKS.pop(key, None))
         packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_size=PACK_ROWS)
-        e = _PACKS[key] = (ref, w._version, packed)
+        e = _PACKS[key] = (ref, tensor_version(w), packed)
     return e[2]
 
 
