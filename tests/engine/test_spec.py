@@ -1,10 +1,12 @@
 """Speculative decoding on NSA: lossless verification, compaction, and the engine against autoregressive."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from ssv.attention import StepMeta, VerifyOptions
 from ssv.config import ModelConfig, NSAConfig, RopeConfig
-from ssv.engine.generate import generate_ar
+from ssv.engine.generate import decoding, generate_ar
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec, verify
 from ssv.model import Transformer
@@ -337,3 +339,40 @@ def test_bench_spec_extra_tree_argument():
         _tree_arg("4x4x16")
     with pytest.raises(ValueError, match="depth"):
         _tree_arg("0,4,16")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_generation_runs_without_autograd_in_inference_mode_on_the_cpu_only(device):
+    # `decoding` only reads the runner's device (no GPU needed): inference mode on the CPU, no_grad on CUDA
+    # (whose steps are graph replays); the mode ends with the call, also when it raises
+    seen = []
+
+    @decoding
+    def gen(runner, fail=False):
+        seen.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        if fail:
+            raise ValueError("bad input")
+        return "done"
+
+    runner = SimpleNamespace(device=torch.device(device))
+    assert gen(runner) == "done"
+    with pytest.raises(ValueError, match="bad input"):
+        gen(runner, fail=True)
+    assert seen == [(device == "cpu", False)] * 2
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+
+
+
+def test_generate_ar_and_spec_on_the_cpu_run_in_inference_mode():
+    # the public entry points carry `decoding`: the drafter's calls inside see inference mode on
+    model = tiny_target(3)
+    prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    runner = Runner(model, attention="nsa", nsa=NSA)
+    ar = generate_ar(runner, prompt, SamplingParams(), 12)
+    d = OracleDrafter(ar.token_ids[1:], model.cfg.vocab_size)
+    d.n_prompt = len(prompt)
+    modes, propose = [], d.propose
+    d.propose = lambda *a: modes.append(torch.is_inference_mode_enabled()) or propose(*a)
+    opts = SpecOptions(TreeSpec(depth=3, top_k=2, total_tokens=7), "pos", VerifyOptions(group_size=4))
+    assert generate_spec(runner, d, prompt, SamplingParams(), 12, opts).token_ids == ar.token_ids
+    assert modes and all(modes) and not torch.is_inference_mode_enabled()

@@ -318,3 +318,18 @@ def test_calibration_times_the_weights_the_cpu_step_multiplies(monkeypatch):
     monkeypatch.setattr(cpu, "cpu_linear", spy)
     cpu._calibrate(0, hidden=64, inter=96, kv=32, layers=1, reps=1)
     assert set(timed) == set(want)
+
+
+def test_inference_tensors_have_version_zero_and_pack():
+    # a CPU generation runs in inference mode, so a weight cached there (a concatenation) is an inference
+    # tensor without a version counter: its packed copy is still made, once, and equals F.linear
+    w, x = torch.randn(24, 16), torch.randn(4, 16)
+    assert cpu.tensor_version(w) == 0
+    w.add_(1.0)
+    assert cpu.tensor_version(w) == 1
+    with torch.inference_mode():
+        wi = torch.cat([w[:12], w[12:]])
+    assert wi.is_inference() and cpu.tensor_version(wi) == 0
+    p = cpu.packed_weight(wi)
+    assert cpu.packed_weight(wi) is p
+    torch.testing.assert_close(cpu.cpu_linear(x, wi, form="packed"), x @ w.T, rtol=1e-5, atol=1e-5)
