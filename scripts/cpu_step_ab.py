@@ -67,7 +67,7 @@ def main() -> None:
     exec(compile(open(vfile).read(), vfile, "exec"), ns)
     variants = ns["VARIANTS"]
     res = {(v, p): [] for v in variants for p in runs}
-    with torch.inference_mode():   # as a CPU generation runs since session 55 (`ssv.engine.generate.decoding`)
+    with torch.inference_mode():   # as a CPU generation runs since session 55 (`ssv.engine.modes.decoding`)
         for _ in range(blocks):
             for v, (enter, leave) in variants.items():
                 enter()

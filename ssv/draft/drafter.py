@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from ssv.draft.eagle3 import Eagle3Head, check_compatible, masked_attention, masked_attention_fused
+from ssv.engine.modes import decoding
 from ssv.ops.draft_attn.naive import draft_attn_naive
 from ssv.ops.ring_commit.naive import ring_commit_naive
 from ssv.spec.tree import DraftTree, TreeSpec, build_tree
@@ -103,7 +104,7 @@ class Eagle3Drafter:
         feats = torch.cat([taps[o] for o in self._order], -1)
         return self.head.project(feats.to(device=self.device, dtype=self.dtype))
 
-    @torch.no_grad()
+    @decoding
     def commit(self, taps: Sequence[torch.Tensor], next_tokens, start: Optional[int] = None,
                agree: tuple = (0, 0)) -> torch.Tensor:
         """Append n rows (features at positions p0..p0+n-1 with the tokens at p0+1..p0+n).
@@ -154,7 +155,7 @@ class Eagle3Drafter:
         return self._keep_last(out)
 
     # ------------------------------------------------------------------ the device round
-    @torch.no_grad()
+    @decoding
     def expand_rows(self, level: int, tokens: torch.Tensor, parent_rows: torch.Tensor,
                     path_rows: torch.Tensor):
         """`ssv.spec.device.grow_tree`'s expand: the frontier of `level` (depth level - 1) through the
@@ -227,7 +228,7 @@ class Eagle3Drafter:
             return mid.finish_fused(masked_attention_fused(q, k, v, vis), residual)
         return mid.finish(masked_attention(q, k, v, vis), residual)
 
-    @torch.no_grad()
+    @decoding
     def commit_rows(self, taps: Sequence[torch.Tensor], tokens: torch.Tensor, n: torch.Tensor,
                     predict: int = 0) -> Optional[torch.Tensor]:
         """`commit` in fixed shapes: R rows of which the first n [1] are real (the accepted path and
@@ -284,7 +285,7 @@ class Eagle3Drafter:
         self.length += n
 
     # ------------------------------------------------------------------ draft tree
-    @torch.no_grad()
+    @decoding
     def propose(self, root_token: int, root_logp: Optional[torch.Tensor], spec: TreeSpec,
                 record: Optional[dict] = None) -> DraftTree:
         """Grow a draft tree (build_tree) rooted at `root_token`, the token of the last committed row.

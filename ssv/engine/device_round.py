@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ssv.engine.buckets import Buckets, sample_bounds, sampling_key
+from ssv.engine.modes import decoding
 from ssv.engine.row_ring import RowRing
 from ssv.engine.runner import Runner
 from ssv.engine.graphs import PhaseGraphs
@@ -167,6 +168,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
         return parts
 
     # ------------------------------------------------------------------ rounds
+    @decoding
     def start(self, token: int, seed: int = 0, history=None) -> None:
         """After a host prefill: hand the committed lengths and the first token to the device; seed
         the round's coins. history: the prompt's tokens (rounds with a context lookup need them)."""
@@ -199,7 +201,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
             done.record()
         return {"slot": slot, "m": m, "done": done, "kind": kind, "times": times}
 
-    @torch.no_grad()
+    @decoding
     def launch_ar(self, params=None, keep_taps: bool = False, top_k: int = 8) -> dict:
         """Launch one AR step (greedy, or sampled with `params`); `finish` gives its token. keep_taps:
         the step also keeps the drafter's row (a fall-back from speculation: `catch_up` commits the
@@ -214,7 +216,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
             t["ring"] = True
         return t
 
-    @torch.no_grad()
+    @decoding
     def launch_spec(self, opts, params=None) -> dict:
         """Launch one speculative round: draft, verify, accept (greedy, or lossless sampling with
         `params`), commit; `finish` gives the emitted tokens."""
@@ -239,7 +241,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
         if opts.max_depth + 2 > self.out.numel():
             raise ValueError(f"tree depth {opts.max_depth} exceeds the round record's {self.out.numel() - 2}")
 
-    @torch.no_grad()
+    @decoding
     def prepare(self, opts=None, params=None, ar: bool = False, keep_taps: bool = False, top_k: int = 8,
                 force: bool = False) -> None:
         """Capture (or, uncaptured on CUDA, warm up) the buckets a generation is about to use, after
@@ -271,6 +273,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
             self.drafter.advance_host(n)
         return rec[1:1 + n]
 
+    @decoding
     def discard(self, t: dict) -> None:
         """Undo a launched step that is not wanted (a stop was found in the step before it): the
         device's lengths go back to the host's, its drafter row leaves the ring. Its writes past
@@ -291,6 +294,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
         """`launch_spec` and `finish`: one speculative round, its emitted tokens."""
         return self.finish(self.launch_spec(opts, params))
 
+    @decoding
     def catch_up(self) -> None:
         """Commit the AR steps' drafter rows (one batch in fixed shapes: a graph of its own on CUDA)."""
         if self.ring is None or not self.ring.pending:
@@ -298,6 +302,7 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
         self._run(self._catch_up_phases())
         self.ring.committed()
 
+    @decoding
     def take_agreement(self):
         """The head's depth-1 hits over the rows caught up since the last call (`RowRing`), or None."""
         return None if self.ring is None else self.ring.take_agreement()

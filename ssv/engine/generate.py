@@ -1,7 +1,6 @@
 """Autoregressive decoding and perplexity over a Runner."""
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -9,22 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ssv.attention import StepMeta
+from ssv.engine.modes import decoding
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, sample_from, target_probs
-
-
-def decoding(fn):
-    """A generation over `runner` (fn's first argument) with autograd off: in inference mode on the CPU, whose steps
-    are ~200 small ops a layer and run 4-9% faster a phase without autograd's version counters and view tracking
-    (bench/results/cpu-s55/, the same kernels and values); under no_grad on CUDA, whose steps are graph replays
-    (not measured there). What a generation creates on the CPU (lazily built plans and buffers) is then an
-    inference tensor: it may be read anywhere, changed in place only inside inference mode."""
-    @functools.wraps(fn)
-    def run(runner, *args, **kwargs):
-        mode = torch.inference_mode() if runner.device.type == "cpu" else torch.no_grad()
-        with mode:
-            return fn(runner, *args, **kwargs)
-    return run
 
 
 @dataclass
@@ -161,7 +147,7 @@ def _ar_device_steps(engine, runner: Runner, out: list, params, max_new_tokens: 
         flight = nxt
 
 
-@torch.no_grad()
+@decoding
 def perplexity(runner: Runner, ids: list, score_from: int, chunk: int = 256, progress: bool = False) -> dict:
     """exp(mean NLL) of tokens at positions >= score_from, each predicted from everything before it."""
     if len(ids) < 2:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ssv.engine.modes import decoding
+
 # a prefill chunk's rows: the kernels' most new rows a step (the tree buckets' bound too)
 PREFILL_CHUNK = 128
 
@@ -24,7 +26,7 @@ class DevicePrefill:
         out["logits"], out["taps"] = model(io["tok"], pos, plan, cache, logits_rows=io["n"] - 1, taps=taps)
         cache.commit_device(io["rows"], io["n"], kernel=self.kernels)
 
-    @torch.no_grad()
+    @decoding
     def prefill(self, ids: list, progress: bool = False, taps=()):
         """`Runner.prefill` on the device: the prompt in chunks of PREFILL_CHUNK rows, one graph
         replayed per chunk on CUDA (the host prefill launches a step's kernels eagerly per chunk),

@@ -21,16 +21,13 @@ class RowRing:
         self.drafter = drafter
         # a batch of rows must fit the drafter's attention window (its rows see each other)
         n = min(self.SIZE, getattr(drafter, "window", self.SIZE))
-        # normal tensors even when a CPU generation's inference mode makes the ring (`ssv.engine.generate.decoding`):
-        # the engine's methods update them in place inside a generation or outside it
-        with torch.inference_mode(False):
-            # the target's tapped features side by side, in the drafter's input order (`wide_taps`)
-            self.feats = torch.zeros(n, len(drafter.taps) * c.hidden_size, device=dev, dtype=dt)
-            self.toks = torch.zeros(n, dtype=torch.long, device=dev)
-            self.cnt = torch.zeros(1, dtype=torch.long, device=dev)
-            # (top-1 hits, top-k hits, pairs) since the last read; drafters that can predict rows only
-            predicts = getattr(drafter, "vocab_ids", None) is not None and hasattr(drafter, "head")
-            self.agree = torch.zeros(3, dtype=torch.long, device=dev) if predicts else None
+        # the target's tapped features side by side, in the drafter's input order (`wide_taps`)
+        self.feats = torch.zeros(n, len(drafter.taps) * c.hidden_size, device=dev, dtype=dt)
+        self.toks = torch.zeros(n, dtype=torch.long, device=dev)
+        self.cnt = torch.zeros(1, dtype=torch.long, device=dev)
+        # (top-1 hits, top-k hits, pairs) since the last read; drafters that can predict rows only
+        predicts = getattr(drafter, "vocab_ids", None) is not None and hasattr(drafter, "head")
+        self.agree = torch.zeros(3, dtype=torch.long, device=dev) if predicts else None
         self.set_k(top_k)
         self.pending = 0               # rows written (the host's count)
         self._unread = False

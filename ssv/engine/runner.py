@@ -8,6 +8,7 @@ import torch
 
 from ssv.attention import DensePlan, NSAPlan, StepMeta, TritonNSAPlan, VerifyOptions
 from ssv.config import NSAConfig
+from ssv.engine.modes import decoding
 from ssv.model.llama import Transformer
 
 ATTENTIONS = ("dense", "nsa")
@@ -70,7 +71,7 @@ class Runner:
             return TritonNSAPlan(meta, self.nsa, opts, self.record)
         return NSAPlan(meta, self.nsa, opts, self.record)
 
-    @torch.no_grad()
+    @decoding
     def forward(self, tokens: torch.Tensor, meta: StepMeta, opts: Optional[VerifyOptions] = None,
                 logits_rows=None, taps=()):
         """Run the step's new tokens (written to the cache scratch; nothing is committed)."""
@@ -79,7 +80,7 @@ class Runner:
         return self.model(tokens.to(self.device), meta.positions, self.plan(meta, opts),
                           self.cache, logits_rows=logits_rows, taps=taps)
 
-    @torch.no_grad()
+    @decoding
     def prefill(self, ids: list[int], chunk: Optional[int] = None, progress: bool = False, taps=()):
         """Commit the prompt chunk by chunk; returns the last position's logits [V] (and taps per chunk)."""
         self.check_prompt(ids)

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import torch
 
 from ssv.attention import StepMeta, VerifyOptions
-from ssv.engine.generate import GenResult, _sync, check_budget, decoding, pick_token, prefill_of
+from ssv.engine.generate import GenResult, _sync, check_budget, pick_token, prefill_of
+from ssv.engine.modes import decoding
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
 from ssv.spec.lookup import attach_chain, context_lookup

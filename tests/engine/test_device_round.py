@@ -218,3 +218,25 @@ def test_engine_keeps_at_most_max_buckets():
             {k[1] for k in eng._plans if k[0] == "spec"} == set(live)
     with pytest.raises(ValueError, match="max_buckets"):
         DeviceEngine(r, d, max_buckets=0)
+
+
+def test_the_engine_driven_directly_after_generations_and_back():
+    # a CPU generation runs in inference mode (`ssv.engine.modes.decoding`), so what it creates lazily (buckets,
+    # coins, the drafter's scratch rows, the AR fall-back's ring) are inference tensors: the engine's and the
+    # drafter's own methods take the same mode, so driving them directly afterwards, greedy and sampled, works,
+    # and a generation after that still equals ar
+    target = draft_target()
+    r = Runner(target, attention="nsa", nsa=NSA, max_len=300)
+    prompt = torch.randint(3, target.cfg.vocab_size, (41,), generator=torch.Generator().manual_seed(3)).tolist()
+    d = Eagle3Drafter(tiny_head(target, draft_vocab=40, window=64), target)
+    eng = DeviceEngine(r, d)
+    opts, sampled = SpecOptions(tree=TreeSpec(3, 2, 6)), SamplingParams(temperature=0.7)
+    for p in (GREEDY, sampled):
+        generate_spec(r, d, prompt, p, 10, opts=opts, engine=eng)
+    for p in (GREEDY, sampled):
+        eng.start(5)
+        assert len(eng.spec_round(opts, p)) >= 1 and len(eng.ar_step(p, keep_taps=True)) == 1
+        eng.catch_up()
+    assert not torch.is_inference_mode_enabled()
+    ar = generate_ar(r, prompt, GREEDY, 12)
+    assert generate_spec(r, d, prompt, GREEDY, 12, opts=opts, engine=eng).token_ids == ar.token_ids

@@ -6,7 +6,8 @@ import torch
 
 from ssv.attention import StepMeta, VerifyOptions
 from ssv.config import ModelConfig, NSAConfig, RopeConfig
-from ssv.engine.generate import decoding, generate_ar
+from ssv.engine.generate import generate_ar
+from ssv.engine.modes import decoding
 from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec, verify
 from ssv.model import Transformer
