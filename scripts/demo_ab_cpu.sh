@@ -3,6 +3,7 @@
 # mode: prev = PREV (a `git archive <commit> ssv` root with ssv/data linked in; default .stage/prev55), head = this
 # tree. Prints "who mode tok/s MAL tokens hash(token ids)" a run.   bash scripts/demo_ab_cpu.sh [REPEATS]
 cd "$(dirname "$0")/.." || exit 1
+[ -f .venv/bin/activate ] && . .venv/bin/activate   # make install's environment
 R=$PWD; PREV=${PREV:-$R/.stage/prev55}
 P="Explain in two sentences why the sky is blue."
 for i in $(seq "${1:-6}"); do for mode in ar ssv; do for who in prev head; do
