@@ -26,6 +26,10 @@ CASES = [  # kernel, pointer / int arguments, constexprs, warps
     (K.bonus_pick_fwd_kernel, dict(probs="*fp32", stop="*fp32", coin="*fp32", part="*fp64", lastp="*i32",
                                    length="*i64", bonus="*i64", nxt_tok="*i64", V="i32", NC="i32", s_p="i32"),
      dict(BV=1024, NCP=64, STOP=False), 4),
+    (K.logits_mass_fwd_kernel, dict(logits="*fp32", inv_t="*fp32", cmax="*fp32", part="*fp64", V="i32"),
+     dict(BV=1024), 4),
+    (K.logits_pick_fwd_kernel, dict(logits="*fp32", inv_t="*fp32", coin="*fp32", cmax="*fp32", part="*fp64",
+                                    out="*i64", out2="*i64", V="i32", NC="i32"), dict(BV=1024, NCP=64), 4),
 ]
 
 

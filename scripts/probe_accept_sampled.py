@@ -10,7 +10,8 @@ import triton
 
 from ssv.ops.accept.kernels import accept_sample_fwd_kernel, bonus_mass_fwd_kernel, \
     bonus_pick_fwd_kernel, probs_rows_fwd_kernel, row_mass_fwd_kernel
-from ssv.ops.accept.ops import BONUS_CHUNK, accept_greedy_round, accept_sample_round, probs_rows, sample_row
+from ssv.ops.accept.ops import BONUS_CHUNK, accept_greedy_round, accept_sample_round, probs_rows, sample_logits_row, \
+    sample_row
 from ssv.ops.pdl import pdl_args
 from ssv.ops.topk.ops import row_argmax
 from ssv.spec.accept import SamplingParams, probs_unchecked
@@ -110,6 +111,8 @@ def main(out):
     res["AR token: probs_rows of one row"] = per_call_us(lambda: probs_rows(logits[:1], inv))
     res["AR token: probs_rows + sample_row"] = per_call_us(lambda: sample_row(probs_rows(logits[:1], inv)[0], coin,
                                                                               out=o1, out2=o2))
+    res["AR token: sample_logits_row (from the logits, 2 launches)"] = per_call_us(lambda: sample_logits_row(
+        logits[:1], inv, coin, out=o1, out2=o2))
     for bv, w in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (16384, 16)):   # the launch's tile and warps
         res[f"probs_rows tile {bv}, {w} warps"] = per_call_us(lambda: probs_rows_fwd_kernel[(T,)](
             logits, inv, pr, tr, V, logits.stride(0), pr.stride(0), BV=bv, **pk, num_warps=w))

@@ -23,7 +23,7 @@ from ssv.engine.graphs import PhaseGraphs
 from ssv.engine.prefill import PREFILL_CHUNK, DevicePrefill  # noqa: F401 -- PREFILL_CHUNK: the engine's API
 from ssv.spec.accept import DeviceSampling, probs_unchecked
 from ssv.spec.device import check_spec, grow_flat
-from ssv.spec.device_accept import accept_greedy_round, accept_sample_round, probs_device, sample_device
+from ssv.spec.device_accept import accept_greedy_round, accept_sample_round, sample_ar_token, sample_device
 from ssv.spec.lookup import grow_with_chain
 
 
@@ -104,11 +104,10 @@ class DeviceEngine(Buckets, PhaseGraphs, DevicePrefill):
         greedy = params is None or params.greedy
         written = logits.is_cuda
         if written:   # lazily, as the accept's kernels
-            from ssv.ops.accept.ops import sample_row
             from ssv.ops.topk.ops import row_argmax
             # their launches write the record's token and the next input themselves: no copy launches
             nxt = (row_argmax(logits[-1:], out=self.out[1:2], out2=self.tok) if greedy else
-                   sample_row(probs_device(logits[-1:], params)[0], self.coin, out=self.out[1:2], out2=self.tok))
+                   sample_ar_token(logits[-1:], params, self.coin, out=self.out[1:2], out2=self.tok))
         else:
             nxt = (logits[-1].argmax().reshape(1) if greedy
                    else sample_device(probs_unchecked(logits[-1:], params)[0], self.coin))

@@ -207,3 +207,35 @@ def test_cuda_evicted_buckets_drop_their_graphs_and_capture_again():
         assert len(spec_keys) == min(i + 1, 2) and spec_keys == set(eng._io)
         assert sum(k[0] in ("draft", "verify", "accept") for k in eng._graphs) == 3 * len(spec_keys)
     assert [k[0] for k in eng._io] == [SpecOptions(tree=specs[2]).key(), SpecOptions(tree=specs[3]).key()]
+
+
+@CUDA
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_sampled_ar_step_from_logits_equals_the_twin(monkeypatch, graphs):
+    """Without top-p the sampled AR step draws its token straight from the logits (`sample_logits_row`, two
+    launches); the same engine with the tensor twin (`probs_unchecked`, `sample_device`) in its place gives the
+    same tokens, plain and under a fall-back."""
+    import ssv.ops.accept.ops as ops
+    from ssv.spec.accept import probs_unchecked
+    from ssv.spec.device_accept import sample_device
+    params = SamplingParams(temperature=0.8)
+    runs, called = {}, []
+    plain = ops.sample_logits_row
+    for twin in (False, True):
+        def row(logits, inv, coin, out, out2):
+            called.append(twin)
+            if not twin:
+                return plain(logits, inv, coin, out, out2)
+            tok = sample_device(probs_unchecked(logits, params)[0], coin)
+            out.copy_(tok)
+            out2.copy_(tok)
+            return out
+        monkeypatch.setattr(ops, "sample_logits_row", row)
+        r, d, prompt, eng = _setup("cuda", graphs=graphs)
+        ar = generate_ar(r, prompt, params, 24, engine=eng, seed=3).token_ids
+        r2, d2, _, eng2 = _setup("cuda", graphs=graphs)
+        spec = generate_spec(r2, d2, prompt, params, 30, opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2,
+                             fallback=_fallback(), seed=5)
+        assert spec.stats["ar_steps"] > 0
+        runs[twin] = (ar, spec.token_ids)
+    assert runs[False] == runs[True] and set(called) == {False, True}

@@ -231,3 +231,76 @@ def test_sample_row_refuses_bad_input():
         sample_row(torch.rand(1, 10, device=DEV), torch.rand(2, device=DEV), one, one.clone())
     with pytest.raises(ValueError, match="out2"):
         sample_row(torch.rand(1, 10, device=DEV), coin, one, torch.zeros(1, device=DEV))
+
+
+@pytest.mark.parametrize("v", [1, 37, 1024, 1025, 5000])
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_sample_logits_row_matches_twin(v, temperature):
+    """An AR step's token straight from its logits (two launches over chunks) against `sample_device` of
+    `probs_unchecked`: -inf tokens (a tail of them: the cap is the last with mass), one-token rows, a chunk of
+    -inf alone, coins at 0, just under 1 and at 1 (the caps); outputs poisoned, views into larger buffers."""
+    from ssv.ops.accept.ops import sample_logits_row
+    from ssv.spec.device_accept import sample_device
+    params = SamplingParams(temperature=temperature)
+    inv = torch.full((1,), params.inv_temperature, device=DEV)
+    g = torch.Generator().manual_seed(v * 3 + int(temperature * 10))
+    for i in range(12):
+        x = torch.randn(v, generator=g) * 3
+        x[torch.rand(v, generator=g) < 0.3] = float("-inf")
+        if i % 3 == 1:
+            x[-(v // 3 + 1):] = float("-inf")            # the tail without mass
+        if i % 4 == 3:
+            x.fill_(float("-inf"))
+            x[int(torch.randint(0, v, (1,), generator=g))] = 2.0   # one token holds it all
+        if v > 1024 and i % 5 == 2:
+            x[:1024] = float("-inf")                     # a whole chunk without mass
+        if not torch.isfinite(x).any():
+            x[0] = 0.0
+        # a coin of 1 (past the range) puts the target at the total, where only the caps can answer
+        coin = [torch.zeros(1), torch.full((1,), 1.0 - 2 ** -24), torch.ones(1), torch.rand(1, generator=g)][min(i, 3)]
+        if i == 4:
+            coin = torch.ones(1)
+        logits, coin = x.to(DEV)[None], coin.to(DEV)
+        want = sample_device(probs_unchecked(logits, params)[0], coin)
+        buf = torch.full((6,), -777, dtype=torch.long, device=DEV)
+        out = sample_logits_row(logits, inv, coin, out=buf[1:2], out2=buf[4:5])
+        assert out.data_ptr() == buf[1:2].data_ptr()
+        assert int(buf[1]) == int(buf[4]) == int(want) and torch.isfinite(x[int(want)])
+        assert buf[[0, 2, 3, 5]].eq(-777).all()
+
+
+def test_sample_logits_row_follows_the_coin_and_the_temperature():
+    """Two tokens of equal logits: the coin picks which; a third token's share moves with the temperature."""
+    from ssv.ops.accept.ops import sample_logits_row
+    x = torch.full((1, 3000), float("-inf"), device=DEV)
+    x[0, 5], x[0, 2500] = 1.0, 1.0
+    got = []
+    for c in (0.1, 0.49, 0.51, 0.9):
+        out = torch.zeros(1, dtype=torch.long, device=DEV)
+        sample_logits_row(x, torch.ones(1, device=DEV), torch.full((1,), c, device=DEV), out, torch.zeros_like(out))
+        got.append(int(out))
+    assert got == [5, 5, 2500, 2500]
+    x[0, 2500] = 0.0           # e^1 : e^0 at temperature 1 (coin 0.6 takes token 5); at temperature 0.1, e^10 : 1
+    picks = []
+    for inv in (1.0, 10.0):
+        out = torch.zeros(1, dtype=torch.long, device=DEV)
+        sample_logits_row(x, torch.full((1,), inv, device=DEV), torch.full((1,), 0.8, device=DEV), out,
+                          torch.zeros_like(out))
+        picks.append(int(out))
+    assert picks == [2500, 5]
+
+
+def test_sample_logits_row_refuses_bad_input():
+    from ssv.ops.accept.ops import sample_logits_row
+    one = torch.zeros(1, dtype=torch.long, device=DEV)
+    f = torch.ones(1, device=DEV)
+    with pytest.raises(ValueError, match="logits"):
+        sample_logits_row(torch.randn(2, 10, device=DEV), f, f * 0.5, one, one.clone())
+    with pytest.raises(ValueError, match="logits"):
+        sample_logits_row(torch.randn(1, 20, device=DEV)[:, ::2], f, f * 0.5, one, one.clone())
+    with pytest.raises(ValueError, match="inv_temperature"):
+        sample_logits_row(torch.randn(1, 10, device=DEV), 1.0, f * 0.5, one, one.clone())
+    with pytest.raises(ValueError, match="coin"):
+        sample_logits_row(torch.randn(1, 10, device=DEV), f, torch.rand(2, device=DEV), one, one.clone())
+    with pytest.raises(ValueError, match="out2"):
+        sample_logits_row(torch.randn(1, 10, device=DEV), f, f * 0.5, one, torch.zeros(1, device=DEV))

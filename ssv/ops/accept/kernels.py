@@ -217,3 +217,48 @@ def bonus_pick_fwd_kernel(probs, stop, coin, part, lastp, length, bonus, nxt_tok
         tl.store(nxt_tok + tl.load(length) - 1, b_tok)
     else:
         tl.store(nxt_tok, b_tok)
+
+
+@triton.jit
+def logits_mass_fwd_kernel(logits, inv_t, cmax, part, V, BV: tl.constexpr, PDL: tl.constexpr = False):
+    # chunk i_c of one row of logits, x = logits x inv_t: its max (fp32) and the fp64 sum of exp(x - max), so the
+    # pick can rescale every chunk to the row's max without a launch for the max first
+    pdl_prologue(PDL)
+    i_c = tl.program_id(0)
+    o_v = i_c * BV + tl.arange(0, BV)
+    b_x = tl.load(logits + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32) * tl.load(inv_t).to(tl.float32)
+    m = tl.max(b_x, 0)
+    m_s = tl.where(m == float("-inf"), 0.0, m)     # a chunk of -inf alone: no mass (not NaN)
+    tl.store(cmax + i_c, m)
+    tl.store(part + i_c, tl.sum(tl.exp(b_x - m_s).to(tl.float64), 0))
+
+
+@triton.jit
+def logits_pick_fwd_kernel(logits, inv_t, coin, cmax, part, out, out2, V, NC, BV: tl.constexpr, NCP: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    # a token by inverse CDF over p = exp(x - M) (x = logits x inv_t, M the row's max; `sample_device` of
+    # softmax(x) up to rounding): the chunk where the chunks' rescaled masses pass coin x total, then a scan of
+    # that chunk alone; where rounding leaves the target unreached, the chunk's last token with p > 0 (so never
+    # a token whose p is 0 in fp32). Written to out[0] and out2[0]
+    pdl_prologue(PDL)
+    o_c = tl.arange(0, NCP)
+    m_c = o_c < NC
+    b_m = tl.load(cmax + o_c, mask=m_c, other=float("-inf"))
+    M = tl.max(b_m, 0)
+    b_w = tl.load(part + o_c, mask=m_c, other=0.0) * tl.exp(b_m - M).to(tl.float64)   # [NCP]
+    b_w = tl.where(b_m == float("-inf"), 0.0, b_w)
+    target = tl.load(coin).to(tl.float64) * tl.sum(b_w, 0)
+    b_cum = tl.cumsum(b_w, 0)
+    c = tl.min(tl.where((b_cum > target) & m_c, o_c, NCP), 0)
+    c = tl.where(c < NCP, c, tl.max(tl.where(b_w > 0, o_c, -1), 0))   # the target past the total: the last mass
+    base = tl.sum(tl.where(o_c < c, b_w, 0.0), 0)
+    o_v = c * BV + tl.arange(0, BV)
+    m_v = (o_v < V) & (c >= 0)
+    b_x = tl.load(logits + o_v, mask=m_v, other=float("-inf")).to(tl.float32) * tl.load(inv_t).to(tl.float32)
+    b_p = tl.exp(b_x - M).to(tl.float64)
+    b_cdf = base + tl.cumsum(b_p, 0)
+    first = tl.min(tl.where((b_cdf > target) & m_v, o_v, 2147483647), 0)
+    last = tl.max(tl.where((b_p > 0) & m_v, o_v, -1), 0)
+    b_tok = tl.where(first < 2147483647, first, tl.maximum(last, 0)).to(tl.int64)
+    tl.store(out, b_tok)
+    tl.store(out2, b_tok)

@@ -10,7 +10,8 @@ import torch
 import triton
 
 from ssv.ops.accept.kernels import (accept_greedy_fwd_kernel, accept_sample_fwd_kernel, bonus_mass_fwd_kernel,
-                                   bonus_pick_fwd_kernel, probs_rows_fwd_kernel, row_mass_fwd_kernel)
+                                   bonus_pick_fwd_kernel, logits_mass_fwd_kernel, logits_pick_fwd_kernel,
+                                   probs_rows_fwd_kernel, row_mass_fwd_kernel)
 from ssv.ops.pdl import pdl_args
 
 MAX_T = 1024
@@ -163,4 +164,34 @@ def sample_row(probs: torch.Tensor, coin: torch.Tensor, out: torch.Tensor, out2:
         if x.dtype != torch.long or x.numel() != 1 or x.device != probs.device:
             raise ValueError(f"sample_row: {name} must be an int64 [1] on {probs.device}")
     _inverse_cdf(probs, coin, coin, out, out2, out, False)
+    return out
+
+
+def sample_logits_row(logits: torch.Tensor, inv_temperature: torch.Tensor, coin: torch.Tensor, out: torch.Tensor,
+                      out2: torch.Tensor) -> torch.Tensor:
+    """An AR step's token straight from its logits (a setting without top-p): `sample_device(probs_unchecked(
+    logits)[0], coin)` up to rounding, in two launches over 1,024-token chunks (each chunk's max and sum of exp,
+    then the pick over the chunks rescaled to the row's max and a scan of one chunk), where `probs_rows` +
+    `sample_row` take three, the first a single program's chain over the whole row. logits [1, V] float with a
+    contiguous row, inv_temperature [1] (`DeviceSampling`'s), coin [1] in [0, 1); the token is written to out [1]
+    and out2 [1] (int64). Never a token whose exp(x - max) is 0 in fp32. Returns out."""
+    if logits.dim() != 2 or logits.shape[0] != 1 or logits.shape[1] == 0 or not logits.is_floating_point() \
+            or logits.stride(1) != 1:
+        raise ValueError(f"sample_logits_row: logits must be a float [1, V] with V > 0 and a contiguous row, got "
+                         f"{tuple(logits.shape)} {logits.dtype}")
+    dev = logits.device
+    for name, x in (("inv_temperature", inv_temperature), ("coin", coin)):
+        if not isinstance(x, torch.Tensor) or x.numel() != 1 or not x.is_floating_point() or x.device != dev:
+            raise ValueError(f"sample_logits_row: {name} must be one float on {dev}")
+    for name, x in (("out", out), ("out2", out2)):
+        if x.dtype != torch.long or x.numel() != 1 or x.device != dev:
+            raise ValueError(f"sample_logits_row: {name} must be an int64 [1] on {dev}")
+    v = logits.shape[1]
+    pk = pdl_args(dev)
+    nc = triton.cdiv(v, BONUS_CHUNK)
+    cmax = torch.empty(nc, dtype=torch.float32, device=dev)
+    part = torch.empty(nc, dtype=torch.float64, device=dev)
+    logits_mass_fwd_kernel[(nc,)](logits, inv_temperature, cmax, part, v, BV=BONUS_CHUNK, **pk, num_warps=4)
+    logits_pick_fwd_kernel[(1,)](logits, inv_temperature, coin, cmax, part, out, out2, v, nc, BV=BONUS_CHUNK,
+                                 NCP=max(2, triton.next_power_of_2(nc)), **pk, num_warps=4)
     return out
