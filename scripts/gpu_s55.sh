@@ -9,12 +9,12 @@
 #   q2, q3: carry [".stage/draft/gguf.partN"]
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json", ".stage/pk55.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
-#       prev = main (code 02f0be2) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
+#       prev = main (65f7edc; GPU code = 02f0be2) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps, receive_part
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
-    case $1 in prev) echo "/tmp/prev55 02f0be2" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+    case $1 in prev) echo "/tmp/prev55 65f7edc" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
 case "${1:?call}" in
 l0)   # part 0, then sample_logits_row's tests compiled and its row in the probe
