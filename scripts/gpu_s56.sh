@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Session 55's device calls (branch s54-ar-logits: the AR step's sampled token from its logits). Chained calls AT
+# Session 56's device calls (branch s54-ar-logits: the AR step's sampled token from its logits). Chained calls AT
 # ONCE (the machine keeps /tmp only while warm, ~30 s), with bench/results moved out of the tree for the chain.
 # Here, once:
-#   git archive main ssv | tar -x -C .stage/prev55 --exclude=ssv/data; tar -C .stage -cJf .stage/pk55.tar.xz prev55
+#   git archive main ssv | tar -x -C .stage/prev56 --exclude=ssv/data; tar -C .stage -cJf .stage/pk56.tar.xz prev56
 #   scripts/train_draft_gpu.sh stage; python3 scripts/make_e2e_prompts.py
 #   l0: carry [".stage/draft/gguf.part0", ".whl"]  sample_logits_row's tests compiled, the AR token's probe rows
 #   q1: carry [".stage/draft/gguf.part1"]  and, with PROF=1, the 64K Llama step's kernel profile (#12 on an H200)
 #   q2, q3: carry [".stage/draft/gguf.partN"]
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
-#       ".stage/e2e-prompts.json", ".stage/pk55.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
-#       prev = main (65f7edc; GPU code = 02f0be2) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
+#       ".stage/e2e-prompts.json", ".stage/pk56.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
+#       prev = main (ea1ff4a; GPU code = 02f0be2) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
 # SSV_COMMIT names head's commit (no git there).
 source scripts/gpu_pkgs.sh   # R, OUTD, /tmp/site on PYTHONPATH; unpack_pkgs, e2e_pkgs, steps, receive_part
 trap 'cd "$OUTD" && ls | grep -v "^call-" | tar -czf "call-${1:-x}.tgz" -T - --remove-files' EXIT
 pkg() {  # $1 who -> "package-root commit"
-    case $1 in prev) echo "/tmp/prev55 65f7edc" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
+    case $1 in prev) echo "/tmp/prev56 ea1ff4a" ;; *) echo "$R ${SSV_COMMIT:-head}" ;; esac
 }
 case "${1:?call}" in
 l0)   # part 0, then sample_logits_row's tests compiled and its row in the probe
@@ -31,7 +31,7 @@ q1) NO_STEPS=1 receive_part 1
     ;;
 q2|q3) receive_part ${1#q} ;;
 ab)
-    unpack_pkgs .stage/pk55.tar.xz prev55
+    unpack_pkgs .stage/pk56.tar.xz prev56
     E2E_TIMEOUT=${E2E_TIMEOUT:-150} E2E_EXTRA=${E2E_EXTRA:---temperature 0.7} e2e_pkgs ${WHO:-prev head}
     ;;
 esac
