@@ -7,7 +7,8 @@
 #   l0: carry [".stage/draft/gguf.part0", ".whl"]  sample_logits_row's tests compiled, the AR token's probe rows
 #   q1: carry [".stage/draft/gguf.part1"]  and, with PROF=1, the 64K Llama step's kernel profile (#12 on an H200)
 #   q2, q3: carry [".stage/draft/gguf.partN"]
-#   t: carry [".whl"]  the engine's CUDA tests of the AR step from its logits (l0's first run timed out before them)
+#   t: carry [".whl"]  the engine's CUDA tests of the AR step from its logits (l0's first run timed out before them);
+#      on an H200 with PROF=1 also the 64K Llama step's kernel profile (#12)
 #   ab: carry [".stage/draft/gguf.part4", ".stage/draft/gguf.sha256", ".stage/draft/gguf.parts",
 #       ".stage/e2e-prompts.json", ".stage/pk56.tar.xz", ".whl"]  `ssv bench e2e` at 4K, sampled (temperature 0.7),
 #       prev = main (ea1ff4a; GPU code = 02f0be2) and head, one machine (WHO, E2E_MODES, E2E_FAMILIES)
@@ -34,6 +35,10 @@ q2|q3) receive_part ${1#q} ;;
 t)    # the engine's CUDA tests that l0's first run (150 s) did not reach: the sampled AR step from its logits
     timeout 450 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_prepare.py -k "from_logits or evicted" \
         2>&1 | tail -3 | tee "$OUTD/tests-engine-cuda.log"
+    # and on an H200 with PROF=1, #12's 64K step profile (no GGUF: random Llama-shape weights)
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUTD/gpu.txt" | grep -q H200 && [ -n "${PROF:-}" ] && \
+        OUT=$OUTD CTX=65536 STEPS="ar-nsa,ssv strict,sd-naive" SSV_COMMIT=${SSV_COMMIT:-head} timeout 200 \
+        python3 scripts/profile_steps.py 2>&1 | grep -v -i warn | tail -60 | tee "$OUTD/profile-64k.txt"
     ;;
 ab)
     unpack_pkgs .stage/pk56.tar.xz prev56
