@@ -167,29 +167,42 @@ def test_cuda_graphs_serve_every_sampling_setting(monkeypatch):
 
 @CUDA
 @pytest.mark.parametrize("graphs", [False, True])
-def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs):
-    """On CUDA the sampled AR step draws its token with `sample_row` (two launches); the same engine with
-    `sample_device` (the tensor twin) in its place gives the same tokens, plain and under a fall-back that
-    keeps the drafter's rows."""
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs, top_p):
+    """On CUDA the sampled AR step draws its token with `sample_row` from the filtered probabilities (top-p), else
+    straight from the logits with `sample_logits_row`; the same engine with the tensor twin (`probs_unchecked`,
+    `sample_device`) in that launch's place gives the same tokens, plain and under a fall-back that keeps the
+    drafter's rows."""
     import ssv.ops.accept.ops as ops
+    from ssv.spec.accept import probs_unchecked
     from ssv.spec.device_accept import sample_device
-    runs = {}
+    ar_params = SamplingParams(temperature=0.8, top_p=top_p)
+    spec_params = SamplingParams(temperature=0.9, top_p=top_p)
+    name = "sample_row" if top_p < 1.0 else "sample_logits_row"
+    plain = getattr(ops, name)
+    runs, called = {}, []
     for twin in (False, True):
-        if twin:
-            def row_twin(probs, coin, out, out2):
-                tok = sample_device(probs[0], coin)
-                out.copy_(tok)
-                out2.copy_(tok)
-                return out
-            monkeypatch.setattr(ops, "sample_row", row_twin)
+        def row(*args):   # sample_row(probs, coin, out, out2) or sample_logits_row(logits, inv, coin, out, out2)
+            called.append(twin)
+            if not twin:
+                return plain(*args)
+            out, out2 = args[-2:]
+            p = args[0][0] if name == "sample_row" else probs_unchecked(args[0], params)[0]
+            tok = sample_device(p, args[-3])
+            out.copy_(tok)
+            out2.copy_(tok)
+            return out
+        monkeypatch.setattr(ops, name, row)
+        params = ar_params
         r, d, prompt, eng = _setup("cuda", graphs=graphs)
-        ar = generate_ar(r, prompt, SAMPLED, 24, engine=eng, seed=3).token_ids
+        ar = generate_ar(r, prompt, ar_params, 24, engine=eng, seed=3).token_ids
+        params = spec_params
         r2, d2, _, eng2 = _setup("cuda", graphs=graphs)
-        spec = generate_spec(r2, d2, prompt, SamplingParams(temperature=0.9), 30,
-                             opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2, fallback=_fallback(), seed=5)
+        spec = generate_spec(r2, d2, prompt, spec_params, 30, opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2,
+                             fallback=_fallback(), seed=5)
         assert spec.stats["ar_steps"] > 0
         runs[twin] = (ar, spec.token_ids)
-    assert runs[False] == runs[True]
+    assert runs[False] == runs[True] and set(called) == {False, True}
 
 
 @CUDA
@@ -207,35 +220,3 @@ def test_cuda_evicted_buckets_drop_their_graphs_and_capture_again():
         assert len(spec_keys) == min(i + 1, 2) and spec_keys == set(eng._io)
         assert sum(k[0] in ("draft", "verify", "accept") for k in eng._graphs) == 3 * len(spec_keys)
     assert [k[0] for k in eng._io] == [SpecOptions(tree=specs[2]).key(), SpecOptions(tree=specs[3]).key()]
-
-
-@CUDA
-@pytest.mark.parametrize("graphs", [False, True])
-def test_cuda_sampled_ar_step_from_logits_equals_the_twin(monkeypatch, graphs):
-    """Without top-p the sampled AR step draws its token straight from the logits (`sample_logits_row`, two
-    launches); the same engine with the tensor twin (`probs_unchecked`, `sample_device`) in its place gives the
-    same tokens, plain and under a fall-back."""
-    import ssv.ops.accept.ops as ops
-    from ssv.spec.accept import probs_unchecked
-    from ssv.spec.device_accept import sample_device
-    params = SamplingParams(temperature=0.8)
-    runs, called = {}, []
-    plain = ops.sample_logits_row
-    for twin in (False, True):
-        def row(logits, inv, coin, out, out2):
-            called.append(twin)
-            if not twin:
-                return plain(logits, inv, coin, out, out2)
-            tok = sample_device(probs_unchecked(logits, params)[0], coin)
-            out.copy_(tok)
-            out2.copy_(tok)
-            return out
-        monkeypatch.setattr(ops, "sample_logits_row", row)
-        r, d, prompt, eng = _setup("cuda", graphs=graphs)
-        ar = generate_ar(r, prompt, params, 24, engine=eng, seed=3).token_ids
-        r2, d2, _, eng2 = _setup("cuda", graphs=graphs)
-        spec = generate_spec(r2, d2, prompt, params, 30, opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2,
-                             fallback=_fallback(), seed=5)
-        assert spec.stats["ar_steps"] > 0
-        runs[twin] = (ar, spec.token_ids)
-    assert runs[False] == runs[True] and set(called) == {False, True}
