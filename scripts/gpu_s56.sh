@@ -33,7 +33,8 @@ q1) NO_STEPS=1 receive_part 1
     ;;
 q2|q3) receive_part ${1#q} ;;
 t)    # the engine's CUDA tests that l0's first run (150 s) did not reach: the sampled AR step from its logits
-    timeout 450 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_prepare.py -k "ar_step_equals_the_twin or evicted" \
+    timeout 450 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_prepare.py \
+        -k "ar_step_equals_the_twin or evicted" \
         2>&1 | tail -3 | tee "$OUTD/tests-engine-cuda.log"
     # and on an H200 with PROF=1, #12's 64K step profile (no GGUF: random Llama-shape weights)
     nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUTD/gpu.txt" | grep -q H200 && [ -n "${PROF:-}" ] && \
