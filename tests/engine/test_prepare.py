@@ -170,39 +170,41 @@ def test_cuda_graphs_serve_every_sampling_setting(monkeypatch):
 @pytest.mark.parametrize("top_p", [0.9, 1.0])
 def test_cuda_sampled_ar_step_equals_the_twin(monkeypatch, graphs, top_p):
     """On CUDA the sampled AR step draws its token with `sample_row` from the filtered probabilities (top-p), else
-    straight from the logits with `sample_logits_row`; the same engine with the tensor twin (`probs_unchecked`,
+    straight from the logits with `sample_logits_row`; the same engine with the tensor twin (softmax,
     `sample_device`) in that launch's place gives the same tokens, plain and under a fall-back that keeps the
     drafter's rows."""
     import ssv.ops.accept.ops as ops
-    from ssv.spec.accept import probs_unchecked
     from ssv.spec.device_accept import sample_device
     ar_params = SamplingParams(temperature=0.8, top_p=top_p)
     spec_params = SamplingParams(temperature=0.9, top_p=top_p)
-    name = "sample_row" if top_p < 1.0 else "sample_logits_row"
-    plain = getattr(ops, name)
+
+    def twin_row(probs, coin, out, out2):   # sample_row's signature
+        return _written(sample_device(probs[0], coin), out, out2)
+
+    def twin_logits(logits, inv_temperature, coin, out, out2):   # sample_logits_row's: probs_unchecked unfiltered
+        return _written(sample_device(torch.softmax(logits.float() * inv_temperature, dim=-1)[0], coin), out, out2)
+
+    name, twin_fn = ("sample_row", twin_row) if top_p < 1.0 else ("sample_logits_row", twin_logits)
     runs, called = {}, []
-    for twin in (False, True):
-        def row(*args):   # sample_row(probs, coin, out, out2) or sample_logits_row(logits, inv, coin, out, out2)
+    for twin, fn in ((False, getattr(ops, name)), (True, twin_fn)):
+        def counted(*args, fn=fn, twin=twin, **kwargs):
             called.append(twin)
-            if not twin:
-                return plain(*args)
-            out, out2 = args[-2:]
-            p = args[0][0] if name == "sample_row" else probs_unchecked(args[0], params)[0]
-            tok = sample_device(p, args[-3])
-            out.copy_(tok)
-            out2.copy_(tok)
-            return out
-        monkeypatch.setattr(ops, name, row)
-        params = ar_params
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(ops, name, counted)
         r, d, prompt, eng = _setup("cuda", graphs=graphs)
         ar = generate_ar(r, prompt, ar_params, 24, engine=eng, seed=3).token_ids
-        params = spec_params
         r2, d2, _, eng2 = _setup("cuda", graphs=graphs)
         spec = generate_spec(r2, d2, prompt, spec_params, 30, opts=SpecOptions(tree=TreeSpec(3, 2, 8)), engine=eng2,
                              fallback=_fallback(), seed=5)
         assert spec.stats["ar_steps"] > 0
         runs[twin] = (ar, spec.token_ids)
     assert runs[False] == runs[True] and set(called) == {False, True}
+
+
+def _written(tok, out, out2):
+    out.copy_(tok)
+    out2.copy_(tok)
+    return out
 
 
 @CUDA
