@@ -29,7 +29,8 @@ a) accept_cuda ;;
 l0)   # (branch s54-ar-logits) part 0, then sample_logits_row's tests compiled and its row in the probe
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/ops/test_accept_sample.py -k "logits_row or from_logits" \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/ops/test_accept_sample.py -k "logits_row or from_logits" \
         tests/engine/test_prepare.py 2>&1 | tail -3 | tee "$OUTD/tests-logits-row-cuda.log"
     SSV_COMMIT=${SSV_COMMIT:-head} timeout 60 python3 scripts/probe_accept_sampled.py "$OUTD/accept-sampled.json" 2>&1 \
         | grep -v -i warn | grep "AR token" | tee "$OUTD/accept-sampled.txt"

@@ -22,7 +22,8 @@ case "${1:?call}" in
 l0)   # part 0, then sample_logits_row's tests compiled and its row in the probe
     bash scripts/train_draft_gpu.sh receive 0 >/dev/null
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUTD/gpu.txt"
-    timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/ops/test_accept_sample.py tests/engine/test_prepare.py \
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/ops/test_accept_sample.py tests/engine/test_prepare.py \
         2>&1 | tail -3 | tee "$OUTD/tests-accept-cuda.log"
     SSV_COMMIT=${SSV_COMMIT:-head} timeout 60 python3 scripts/probe_accept_sampled.py "$OUTD/accept-sampled.json" 2>&1 \
         | grep -v -i warn | tee "$OUTD/accept-sampled.txt"
