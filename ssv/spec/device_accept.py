@@ -140,9 +140,9 @@ def probs_device(logits: torch.Tensor, params) -> tuple:
 def sample_ar_token(logits: torch.Tensor, params, coin: torch.Tensor, out: torch.Tensor, out2: torch.Tensor):
     """An AR step's sampled token on CUDA, written to out [1] and out2 [1] by the step's own launches: straight
     from the logits without top-p (`ssv.ops.accept.sample_logits_row`, two launches), else from the filtered
-    probabilities (`sample_row`). logits [1, V]. Returns out."""
+    probabilities (`sample_row`). logits [1, V]; params: the engine's `DeviceSampling`. Returns out."""
     from ssv.ops.accept.ops import sample_logits_row, sample_row   # lazily, as the walk
-    if not params.filters and isinstance(params.inv_temperature, torch.Tensor) and logits.stride(-1) == 1:
+    if not params.filters:
         return sample_logits_row(logits, params.inv_temperature, coin, out, out2)
     return sample_row(probs_device(logits, params)[0], coin, out=out, out2=out2)
 
