@@ -26,7 +26,7 @@ from sm90 import compile_sm90  # noqa: E402
 import ssv.ops.dense.ops as dense  # noqa: E402
 import ssv.ops.nsa.route as route  # noqa: E402
 import ssv.ops.nsa.verify as verify  # noqa: E402
-from ssv.bench.kernels import SHAPES  # noqa: E402
+from ssv.bench.synthetic import SHAPES  # noqa: E402
 from ssv.config import NSAConfig  # noqa: E402
 from ssv.ops.nsa.naive import num_cmp_blocks  # noqa: E402
 
@@ -137,9 +137,9 @@ def header() -> str:
     """What compiled: the target, triton's and torch's versions, the date and the commit."""
     import datetime
     import triton
-    from ssv.bench.kernels import _commit
+    from ssv.bench.env import commit
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return f"# sm_90 (triton {triton.__version__}'s ptxas), torch {torch.__version__}, {date}, commit {_commit()}"
+    return f"# sm_90 (triton {triton.__version__}'s ptxas), torch {torch.__version__}, {date}, commit {commit()}"
 
 
 def main(quick: bool) -> int:

@@ -12,7 +12,7 @@ sys.path.insert(0, "scripts")
 from launch_counter import Count, cnt  # noqa: E402  (first: the interpreter mode)
 import torch  # noqa: E402
 
-from ssv.bench.kernels import environment  # noqa: E402
+from ssv.bench.env import environment  # noqa: E402
 from ssv.spec.accept import SamplingParams  # noqa: E402
 from ssv.spec.device import DeviceTree  # noqa: E402
 from ssv.spec.device_accept import accept_sample_device  # noqa: E402

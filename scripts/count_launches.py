@@ -38,9 +38,9 @@ for att in ("nsa", "dense"):
     print(f"{att}: {out[att]['per_layer']} launches per layer, {out[att]['fixed']} fixed; "
           f"a 30-layer step: {30 * out[att]['per_layer'] + out[att]['fixed']}")
 import datetime, triton
-from ssv.bench.kernels import _commit
+from ssv.bench.env import commit
 res = {"env": {"device": "cpu (Triton interpreter; counts, not times)", "torch": torch.__version__,
-               "triton": triton.__version__, "date": datetime.date.today().isoformat(), "commit": _commit()},
+               "triton": triton.__version__, "date": datetime.date.today().isoformat(), "commit": commit()},
        "launches": out}
 path = os.path.join(os.environ.get("OUT", "bench/results"), f"launch-counts-{(res['env']['commit'] or 'unknown')[:7]}.json")
 with open(path, "w") as f:

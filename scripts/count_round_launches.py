@@ -81,9 +81,9 @@ for ph in a:
         res[ph] = {"total": sum(a[ph].values()), "ops": dict(sorted(a[ph].items(), key=lambda kv: -kv[1]))}
         print(f"{ph}: {res[ph]['total']}", dict(list(res[ph]["ops"].items())[:12]))
 import datetime, triton  # noqa: E402
-from ssv.bench.kernels import _commit  # noqa: E402
+from ssv.bench.env import commit  # noqa: E402
 env = {"device": "cpu (Triton interpreter; counts, not times)", "torch": torch.__version__, "triton": triton.__version__,
-       "date": datetime.date.today().isoformat(), "commit": _commit(), "tree": "depth 6, top-k 8, 48 tokens",
+       "date": datetime.date.today().isoformat(), "commit": commit(), "tree": "depth 6, top-k 8, 48 tokens",
        "lookup": LOOKUP}
 label = sys.argv[1] if len(sys.argv) > 1 else (env["commit"] or "unknown")[:7]
 path = os.path.join(os.environ.get("OUT", "bench/results"), f"round-launches-{label}.json")

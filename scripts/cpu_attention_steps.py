@@ -14,7 +14,7 @@ import torch
 
 import ssv.ops.nsa.cpu as nsa_cpu
 from ssv.bench.cpu import attention_timer, time_steps
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
 

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import ssv.ops.linear.cpu as cpu
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 
 H, I, KV = 576, 1536, 192
 SETS = {"apart": [(H, H), (KV, H), (KV, H), (H, H), (I, H), (I, H), (H, I)],

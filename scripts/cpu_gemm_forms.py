@@ -15,7 +15,7 @@ import time
 import torch
 
 from ssv.bench.cpu import median_ms
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.ops.linear import cpu
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]   # q|k|v, o, gate|up, down

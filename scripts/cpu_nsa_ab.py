@@ -16,7 +16,7 @@ import torch
 import ssv.attention as attention
 import ssv.ops.nsa.cpu as current
 from ssv.bench.cpu import attention_timer, time_steps
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from ssv.bench.cpu import attention_timer
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
 

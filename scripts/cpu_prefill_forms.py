@@ -14,7 +14,7 @@ import torch
 
 import ssv.ops.linear.cpu as cpu
 from ssv.attention import StepMeta
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
 

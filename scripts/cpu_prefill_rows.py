@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ssv.attention import StepMeta
 from ssv.bench.cpu import median_ms
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.cli import load_model
 from ssv.engine.runner import Runner
 

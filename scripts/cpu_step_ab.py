@@ -16,7 +16,7 @@ import time
 import torch
 
 from ssv.api import LLM
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.engine.device_round import DeviceEngine
 
 PROMPT = "Explain in two sentences why the sky is blue."   # the Makefile's PROMPT

@@ -7,7 +7,7 @@ import datetime, json, os, sys, time, torch
 sys.path.insert(0, ".")
 torch.set_num_threads(2)
 from ssv.bench.e2e import prompt_ids
-from ssv.bench.kernels import _commit
+from ssv.bench.env import commit
 from ssv.cli import load_model
 from ssv.draft import Eagle3Drafter, load_default_head
 from ssv.engine.runner import Runner
@@ -48,6 +48,6 @@ for fam in ("code", "prose", "chat"):
         print(f"{fam} {doc} MAL {row['mean_accepted_length']:.2f} estimate {row['expected_length']:.2f} "
               f"top-1 chain {row['top1_chain']:.2f} ({time.time() - t0:.0f} s)", flush=True)
 res = {"env": {"device": "cpu (2 cores, fp32)", "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-               "commit": _commit()}, "tree": vars(tree), "new_tokens": new, "rows": rows}
+               "commit": commit()}, "tree": vars(tree), "new_tokens": new, "rows": rows}
 with open(os.path.join(os.environ.get("OUT", "bench/results"), "fallback-estimate-cpu.json"), "w") as f:
     json.dump(res, f, indent=1)

@@ -8,7 +8,7 @@ import datetime, json, os, sys, time, torch
 sys.path.insert(0, ".")
 torch.set_num_threads(2)
 from ssv.bench.e2e import prompt_ids
-from ssv.bench.kernels import _commit
+from ssv.bench.env import commit
 from ssv.cli import load_model
 from ssv.draft import Eagle3Drafter, load_default_head
 from ssv.engine.runner import Runner
@@ -33,7 +33,7 @@ rows = []
 
 def save():
     res = {"env": {"device": "cpu (2 cores, fp32)", "torch": torch.__version__,
-                   "date": datetime.date.today().isoformat(), "commit": _commit()}, "tree": vars(tree), "rows": rows}
+                   "date": datetime.date.today().isoformat(), "commit": commit()}, "tree": vars(tree), "rows": rows}
     with open(os.path.join(os.environ.get("OUT", "bench/results"), "fallback-prior-cpu.json"), "w") as f:
         json.dump(res, f, indent=1)
 

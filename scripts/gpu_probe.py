@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from ssv.bench.kernels import SHAPES, bench_graph, eagle_tree, synthetic_selection, unique_bytes, work_list_bytes
+from ssv.bench.env import bench_graph
+from ssv.bench.synthetic import SHAPES, eagle_tree, synthetic_selection, unique_bytes, work_list_bytes
 from ssv.config import NSAConfig
 from ssv.ops.nsa.verify import nsa_verify
 
@@ -121,7 +122,7 @@ def main(mode: str) -> int:
     c = case(shape, T=T, N=N) if mode != "cpu" else case("smollm2-135m", T=700, N=9, dev="cpu", dtype=torch.float32)
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     if mode != "cpu":
-        from ssv.bench.kernels import environment
+        from ssv.bench.env import environment
         print("#", " ".join(f"{k} {v}" for k, v in environment().items()), flush=True)
         print(f"# shape {shape}, context {c['T']}, {c['q'].shape[0]} tree queries", flush=True)
         d = c["k"].shape[-1]

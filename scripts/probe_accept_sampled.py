@@ -120,7 +120,7 @@ def main(out):
             logits, inv, pr, tr, V, logits.stride(0), pr.stride(0), BV=bv, **pk, num_warps=w))
     for k, v in res.items():
         print(f"{k:48s} {v:8.2f} us")
-    from ssv.bench.kernels import environment
+    from ssv.bench.env import environment
     with open(out, "w") as f:
         json.dump({"env": environment(dev.type), "shape": {"T": T, "V": V, "D": D, "K": K}, "us_per_call": res,
                    "method": f"each piece captured {REPS} times in one CUDA graph, median of 15 replays / {REPS}"},

@@ -8,7 +8,7 @@ the steps; PROBE_SPLITS "None 16"; PROBE_STEP_SHAPES "llama3.1-8b smollm2-135m";
 import json, os, sys, torch
 sys.path.insert(0, ".")
 from ssv.bench.e2e_steps import time_graph
-from ssv.bench.kernels import copy_bandwidth
+from ssv.bench.env import copy_bandwidth
 from ssv.ops.dense import dense_verify
 from ssv.ops.nsa.verify import nsa_verify, num_counters
 

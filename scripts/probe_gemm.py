@@ -5,7 +5,7 @@ building; prints a table, JSON to $OUT."""
 import json, os, sys, torch, triton
 import triton.language as tl
 sys.path.insert(0, ".")
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 
 
 @triton.jit

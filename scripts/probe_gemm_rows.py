@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 sys.path.insert(0, ".")
-from ssv.bench.kernels import copy_bandwidth, environment
+from ssv.bench.env import copy_bandwidth, environment
 from ssv.ops.linear.ops import linear as ssv_linear
 from ssv.ops.linear.policy import LinearLaunch
 

@@ -19,7 +19,7 @@ import torch
 import ssv.ops.linear.policy as policy
 from ssv.attention import StepMeta, VerifyOptions
 from ssv.bench.e2e_steps import SHAPES, fill_cache, random_model
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.engine.runner import Runner
 from ssv.ops.utils import device_name
 

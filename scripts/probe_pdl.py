@@ -22,7 +22,7 @@ import ssv.ops.nsa.verify as verify
 from ssv.attention import VerifyOptions
 from ssv.attention_device import device_plan
 from ssv.bench.e2e_steps import SHAPES, capture_graph, fill_cache, random_model, replay_ms, synthetic_tree
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.engine.device_round import DeviceEngine
 from ssv.engine.runner import Runner
 

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, ".")
 from ssv.bench.e2e_steps import SMOLLM2, random_model  # noqa: E402
-from ssv.bench.kernels import environment  # noqa: E402
+from ssv.bench.env import environment  # noqa: E402
 from ssv.engine.device_round import DeviceEngine  # noqa: E402
 from ssv.engine.runner import Runner  # noqa: E402
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from round_timing import round_rows  # noqa: E402
 from ssv.bench.e2e import mode_table  # noqa: E402
 from ssv.bench.e2e_steps import SHAPES, fill_cache, random_model  # noqa: E402
-from ssv.bench.kernels import environment  # noqa: E402
+from ssv.bench.env import environment  # noqa: E402
 from ssv.draft import Eagle3Drafter  # noqa: E402
 from ssv.draft.eagle3 import Eagle3Config, Eagle3Head  # noqa: E402
 from ssv.engine.device_round import DeviceEngine  # noqa: E402

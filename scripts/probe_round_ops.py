@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from round_timing import graph_us as timed, op_probe_args  # noqa: E402
-from ssv.bench.kernels import _commit  # noqa: E402
+from ssv.bench.env import commit  # noqa: E402
 from ssv.ops.accept.naive import round_record_naive  # noqa: E402
 from ssv.ops.accept.ops import accept_greedy_round, accept_greedy_walk  # noqa: E402
 from ssv.ops.draft_attn.ops import draft_attn_rows  # noqa: E402
@@ -110,7 +110,7 @@ def main():
         print(f"{r['op']:18s} {r['form']:34s} {r['us']:8.2f} us" + ("" if r.get("same", True) else "  DIFFERS"))
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "commit": os.environ.get("SSV_COMMIT") or _commit(), "reps": a.reps, "trials": a.trials}
+           "commit": os.environ.get("SSV_COMMIT") or commit(), "reps": a.reps, "trials": a.trials}
     with open(a.out, "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)
 

@@ -25,7 +25,7 @@ import triton
 import triton.testing
 
 import ssv.ops.nsa.route as route
-from ssv.bench.kernels import SHAPES, eagle_tree
+from ssv.bench.synthetic import SHAPES, eagle_tree
 from ssv.config import NSAConfig
 from ssv.ops.nsa.naive import num_cmp_blocks
 import ssv.ops.nsa.route_policy as pol

@@ -23,7 +23,7 @@ from verify_source import ARG_AT, WithArg, patched_module  # noqa: E402
 
 import ssv.ops.nsa.verify as V  # noqa: E402
 import ssv.ops.nsa.verify_kernels as VK  # noqa: E402
-from ssv.bench.kernels import bench_graph  # noqa: E402
+from ssv.bench.env import bench_graph  # noqa: E402
 
 KEEP = ("    n_w = ", "    o_t0 = ", "    kbase = ", "    vbase = ", "    o_qb = ", "    p_it = ")
 ITEMS_AT = 16   # the launcher's positional argument `items` (verify.py's `args`)

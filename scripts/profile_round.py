@@ -9,7 +9,7 @@ sys.path.insert(0, ".")
 from torch.profiler import ProfilerActivity, profile
 from ssv.config import ModelConfig
 from ssv.bench.e2e_steps import random_model, fill_cache
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.draft import Eagle3Drafter
 from ssv.draft.eagle3 import Eagle3Config, Eagle3Head
 from ssv.engine.runner import Runner

@@ -13,7 +13,8 @@ from ssv.attention import VerifyOptions
 from ssv.attention_device import device_plan
 from ssv.bench.e2e_steps import (RECORDED_OVERLAP, SHAPES, capture_graph, fill_cache, random_model, recorded_selections,
                                  synthetic_tree)
-from ssv.bench.kernels import environment, synthetic_selection
+from ssv.bench.env import environment
+from ssv.bench.synthetic import synthetic_selection
 from ssv.engine.device_round import DeviceEngine
 from ssv.engine.runner import Runner
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

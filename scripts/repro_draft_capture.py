@@ -48,7 +48,7 @@ for att, modes, cap in (("nsa", ["ar-nsa", "sd-naive", "ssv strict", "ssv approx
               f"{prof['gpu_busy_fraction']:.2f}  graphed {sorted(set(k[0] for k in eng._graphs))}  "
               + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
         r.cache.dlen.fill_(4096); r.cache.length = 4096
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 env = environment()
 out = os.path.join(os.environ.get("OUT", "bench/results"), f"device-round-{env['commit']}.json")
 with open(out, "w") as f:

@@ -80,7 +80,7 @@ def main() -> int:
     import gpu_probe as P
     import ssv.ops.nsa.verify as V
     import ssv.ops.nsa.verify_policy as VP
-    from ssv.bench.kernels import bench_graph
+    from ssv.bench.env import bench_graph
     shape = os.environ.get("PROBE_SHAPE", "smollm2-135m")
     T, N = int(os.environ.get("PROBE_T", "4096")), int(os.environ.get("PROBE_N", "48"))
     c = P.case(shape, T=T, N=N)

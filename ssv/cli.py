@@ -172,7 +172,7 @@ def cmd_generate(args) -> int:
     if record is not None:
         _save_routing(args.record_routing, record, args)
     if args.json:
-        from ssv.bench.kernels import environment
+        from ssv.bench.env import environment
         # where it ran (device, versions, date, commit): a run's JSON is a record by itself
         env = environment("cuda" if runner.device.type == "cuda" else "cpu")
         out = {"token_ids": res.token_ids, "text": text, "mode": args.mode, "attention": args.attention,

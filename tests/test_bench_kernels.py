@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from ssv.bench.kernels import (cases, cases_in, claim, eagle_tree, merge_results, overlap_of, ratios, resumed_rows,
-                               synthetic_selection, tile_bytes, unique_bytes)
+from ssv.bench.kernels import cases, cases_in, claim, merge_results, ratios, resumed_rows
+from ssv.bench.synthetic import eagle_tree, overlap_of, synthetic_selection, tile_bytes, unique_bytes
 from ssv.config import NSAConfig
 
 
@@ -141,8 +141,8 @@ def test_claims_let_one_process_run_a_case(tmp_path):
 
 
 def test_timed_reports_a_failing_opt_in_path_and_raises_otherwise(capsys, monkeypatch):
-    import ssv.bench.kernels as K
-    from ssv.bench.kernels import timed
+    import ssv.bench.env as K
+    from ssv.bench.env import timed
     monkeypatch.setattr(K, "bench_graph", lambda fn, reps=30: (fn(), "graph"))  # no GPU here: run fn untimed
     assert timed(lambda: 0.5, False, "ok") == (0.5, "graph")
 
@@ -159,7 +159,7 @@ def test_commit_label_marks_a_tree_that_differs_from_its_head(tmp_path, monkeypa
     """A copied tree with a stale .git must not pass for its HEAD: the label says -dirty."""
     import subprocess
 
-    from ssv.bench.kernels import _commit
+    from ssv.bench.env import commit
     monkeypatch.delenv("SSV_COMMIT", raising=False)
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True)
@@ -167,26 +167,27 @@ def test_commit_label_marks_a_tree_that_differs_from_its_head(tmp_path, monkeypa
     subprocess.run(git + ["add", "a.py"], cwd=tmp_path, check=True)
     subprocess.run(git + ["commit", "-qm", "one"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
-    assert _commit(tmp_path) == head
+    assert commit(tmp_path) == head
     (tmp_path / "a.py").write_text("x = 2\n")
-    assert _commit(tmp_path) == head + "-dirty"
+    assert commit(tmp_path) == head + "-dirty"
     monkeypatch.setenv("SSV_COMMIT", "abc1234")
-    assert _commit(tmp_path) == "abc1234"
+    assert commit(tmp_path) == "abc1234"
 
 
 def test_timed_takes_the_commands_reps(monkeypatch):
     # `ssv bench kernels --reps` reached no timing until session 34 (bench_graph kept its default 30)
+    import ssv.bench.env as be
     import ssv.bench.kernels as kb
     seen = []
-    monkeypatch.setattr(kb, "bench_graph", lambda fn, reps=30: seen.append(reps) or (1.0, "graph"))
-    assert kb.timed(lambda: None, False, "case", 7) == (1.0, "graph") and seen == [7]
+    monkeypatch.setattr(be, "bench_graph", lambda fn, reps=30: seen.append(reps) or (1.0, "graph"))
+    assert be.timed(lambda: None, False, "case", 7) == (1.0, "graph") and seen == [7]
     import inspect
     for f in (kb.run_case, kb.run_traces):   # the launchers hand it on
         assert "reps" in inspect.signature(f).parameters
 
 
 def test_rotation_reads_past_the_l2():
-    from ssv.bench.kernels import rotation
+    from ssv.bench.env import rotation
     small = 2 * 3 * 5120 * 64 * 2   # the default model's K/V of one layer at 5K: ~3.9 MB
     assert rotation(small) * small >= 200e6
     assert rotation(300e6) == 1 and rotation(40e6) * 40e6 >= 200e6

@@ -383,7 +383,7 @@ def keep_earlier(doc: dict, old: dict) -> dict:
 
 
 def cmd_bench_e2e(args) -> int:
-    from ssv.bench.kernels import environment
+    from ssv.bench.env import environment
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.docs < 1:

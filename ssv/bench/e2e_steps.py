@@ -113,7 +113,7 @@ def recorded_selections(plan, indices: torch.Tensor):
 
 def synthetic_tree(n: int, gen: torch.Generator, device):
     """An EAGLE-like tree of n nodes (depth <= 7): positions offsets and the ancestor mask."""
-    from ssv.bench.kernels import eagle_tree
+    from ssv.bench.synthetic import eagle_tree
     depth, mask = eagle_tree(n, gen)
     return depth.to(device), mask.to(device)
 
@@ -121,7 +121,7 @@ def synthetic_tree(n: int, gen: torch.Generator, device):
 @torch.no_grad()   # the fused layers run only without autograd (they have no backward)
 def run_steps(contexts, rows: list, save=None, shape: str = "llama3.1-8b") -> list:
     """Append the table's rows for each context to `rows` (save() after each context)."""
-    from ssv.bench.kernels import copy_bandwidth
+    from ssv.bench.env import copy_bandwidth
     cfg = SHAPES[shape]
     if max(contexts) + 256 > cfg.max_seq_len:
         raise ValueError(f"--steps: {shape} is timed up to {cfg.max_seq_len - 256} tokens, got {max(contexts)}")
@@ -153,7 +153,7 @@ def run_steps(contexts, rows: list, save=None, shape: str = "llama3.1-8b") -> li
                          "ssv approx C16": VerifyOptions(16, "approx")})
             sel, ov = None, None
             if att == "nsa":
-                from ssv.bench.kernels import overlap_of, synthetic_selection
+                from ssv.bench.synthetic import overlap_of, synthetic_selection
                 # keeping each of f free blocks with probability p beside F shared forced ones gives
                 # adjacent Jaccard J = (F + p f) / (F + 2 f - p f); solved for p (the row reports J)
                 F, J = 3, RECORDED_OVERLAP

@@ -10,12 +10,8 @@ TB/s against the copy bandwidth measured in the same run, and speedups as ratios
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
 import os
-import platform
-import subprocess
 import sys
 import warnings
 import zlib
@@ -23,143 +19,9 @@ from collections import Counter
 
 import torch
 
+from ssv.bench.env import copy_bandwidth, environment, rotation, timed
+from ssv.bench.synthetic import SHAPES, eagle_tree, overlap_of, synthetic_selection, unique_bytes, work_list_bytes
 from ssv.config import NSAConfig
-
-SHAPES = {  # name: (query heads, KV heads, head dim)
-    "llama3.1-8b": (32, 8, 128),
-    "nsa-1b": (32, 2, 64),
-    "smollm2-135m": (9, 3, 64),
-}
-
-
-def eagle_tree(n: int, gen: torch.Generator, max_depth: int = 7):
-    """A random EAGLE-like tree of n nodes in BFS order: wide near the root, narrowing with depth."""
-    parents, depth = [-1], [0]
-    levels = [[0]]
-    while len(parents) < n:
-        d = len(levels)
-        prev = levels[-1] if d < max_depth else levels[-2]
-        width = min(n - len(parents), max(1, int(math.ceil(n / max_depth))) if d > 1 else min(8, n - 1))
-        lvl = []
-        for _ in range(width):
-            p = prev[int(torch.randint(0, len(prev), (1,), generator=gen))]
-            parents.append(p)
-            depth.append(depth[p] + 1)
-            lvl.append(len(parents) - 1)
-        levels.append(lvl)
-    from ssv.spec.tree import DraftTree, tree_metadata  # the one place tree masks come from
-    tree = DraftTree(torch.zeros(n, dtype=torch.long), torch.tensor(parents), torch.zeros(n))
-    meta = tree_metadata(tree, 0)
-    return meta.depth, meta.mask
-
-
-def synthetic_selection(pos: torch.Tensor, hkv: int, cfg: NSAConfig, overlap: float, gen: torch.Generator):
-    """Selections with a controlled overlap: each query keeps each free block of the previous query
-    (in flattened order) with probability `overlap`, else draws a new one. Forced blocks as NSA's."""
-    n = pos.numel()
-    out = torch.full((n, hkv, cfg.n_select), -1, dtype=torch.int32)
-    for h in range(hkv):
-        prev = None
-        for i in range(n):
-            cur = int(pos[i]) // cfg.slc_block
-            forced = {0, cur, cur - 1} & set(range(cur + 1))
-            pool = [j for j in range(1, max(1, cur - 1))]
-            want = cfg.n_select - len(forced)
-            keep = [j for j in (prev or []) if j not in forced and float(torch.rand((), generator=gen)) < overlap]
-            chosen = set(keep[:want])
-            while len(chosen) < min(want, len(pool)):
-                chosen.add(pool[int(torch.randint(0, len(pool), (1,), generator=gen))])
-            sel = sorted(forced | chosen)
-            out[i, h, :len(sel)] = torch.tensor(sel, dtype=torch.int32)
-            prev = sorted(chosen)
-    return out
-
-
-def unique_bytes(idx, pos, P, n, cfg, d, elt):
-    """Fewest bytes the verify step must read: every needed K/V token once, plus q and o."""
-    toks = 0
-    for h in range(idx.shape[1]):
-        need = set()
-        for i in range(n):
-            t = int(pos[i])
-            need.update(range(max(0, t - cfg.window + 1), P))
-            for j in idx[i, h].tolist():
-                if j >= 0:
-                    need.update(range(j * cfg.slc_block, min(P, (j + 1) * cfg.slc_block)))
-        toks += len(need) + n
-    return toks * d * 2 * elt
-
-
-def tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx=False, row_splits=1):
-    """K/V bytes the verify kernel's programs load (from L2 or HBM), as its work lists say: per
-    (group of C queries, KV head), each tile once -- the union of the group's selected blocks below
-    its window region (approximate: the first query's), the window region's tiles, the tree's
-    tiles -- times the row splits. Against `unique_bytes`: how often a tile is read again."""
-    bs = cfg.slc_block
-    tiles = 0
-    for g0 in range(0, n, C):
-        members = range(g0, min(n, g0 + C))
-        lim = max(min(int(pos[i]) for i in members) - cfg.window + 1, 0) // bs
-        window_tiles = max(-(-(P - lim * bs) // bs), 0) + -(-n // bs)
-        for h in range(idx.shape[1]):
-            u = {b for i in (members[:1] if approx else members) for b in idx[i, h].tolist() if 0 <= b < lim}
-            tiles += (len(u) + window_tiles) * row_splits
-    return tiles * bs * d * 2 * elt
-
-
-def work_list_bytes(idx, pos, P, n, cfg, hq, d, elt, C, approx=False):
-    """`tile_bytes` of the launch `nsa_verify` makes for group size C, its row splits included."""
-    from ssv.ops.nsa.verify import tile_rows
-    rows = C * (hq // idx.shape[1])
-    return tile_bytes(idx, pos, P, n, cfg, d, elt, C, approx, -(-rows // tile_rows(rows)))
-
-
-def overlap_of(idx):
-    """Mean Jaccard overlap of adjacent queries' selections (over KV heads)."""
-    vals = []
-    for i in range(1, idx.shape[0]):
-        for h in range(idx.shape[1]):
-            a = {x for x in idx[i - 1, h].tolist() if x >= 0}
-            b = {x for x in idx[i, h].tolist() if x >= 0}
-            vals.append(len(a & b) / max(1, len(a | b)))
-    return sum(vals) / max(1, len(vals))
-
-
-def timed(fn, optional: bool, label: str, reps: int = 30):
-    """(ms, how) of bench_graph; for an opt-in path that fails, (None, "failed: <error>") and a line on
-    stderr instead of an exception, so one failing variant does not stop a matrix."""
-    try:
-        return bench_graph(fn, reps)
-    except Exception as e:
-        if not optional:
-            raise
-        print(f"{label} failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return None, f"failed: {type(e).__name__}: {e}"[:500]
-
-
-def bench_graph(fn, reps: int = 30):
-    """Median time (ms) of fn replayed from a CUDA graph, timed with CUDA events."""
-    import triton.testing
-    try:
-        return triton.testing.do_bench_cudagraph(fn, rep=reps, return_mode="median"), "graph"
-    except Exception:  # not capturable (host syncs): plain launches, still event-timed
-        return triton.testing.do_bench(fn, warmup=10, rep=reps, return_mode="median"), "eager"
-
-
-def copy_bandwidth() -> float:
-    import triton.testing
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=10, rep=100, return_mode="median")
-    return 2 * x.numel() / ms / 1e9  # TB/s, bytes read + written
-
-
-def rotation(layer_bytes: int) -> int:
-    """Layers of K/V a timing rotates through so that each replay reads from memory, not the 50 MB L2
-    (240 MB in all, 1-64 layers). The recorded-trace rows once rotated through 8 layers at every
-    context, ~32 MB at the default model's 5K, which the L2 holds, and the synthetic rows' cap of 16
-    left 63 MB there (found in session 34's review)."""
-    return max(1, min(64, math.ceil(240e6 / layer_bytes)))
 
 
 def run_case(shape, T, N, cfg, overlap, gen, fla, dtype=torch.bfloat16, split_sweep=(), reps: int = 30):
@@ -396,40 +258,6 @@ def run_traces(path, reps: int = 30):
         rows += case
     return overlap, rows
 
-
-def _commit(cwd=None):
-    """SSV_COMMIT (machines without git), else the checkout's HEAD, marked "-dirty" when tracked files
-    differ from it: the device machine's copy of the working tree carries a stale .git, whose HEAD
-    labelled runs of newer code with an old commit."""
-    if os.environ.get("SSV_COMMIT"):
-        return os.environ["SSV_COMMIT"]
-    here = cwd or os.path.dirname(__file__)
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-        if not head:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=here).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except OSError:
-        return None
-
-
-def environment(device: str = "cuda") -> dict:
-    """Where a benchmark ran: device, versions, date, commit (the CPU: its core count, no CUDA)."""
-    env = {"torch": torch.__version__, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit()}
-    if device != "cuda":
-        # the CPU step's GEMM form per row count (ssv/ops/linear/cpu.py): the forms round differently
-        from ssv.ops.linear.cpu import cpu_forms
-        return {"device": f"cpu ({os.cpu_count()} cores)", **env, "cpu_gemm": list(cpu_forms())}
-    import triton
-
-    from ssv.ops.linear.policy import tiles_measured
-    name = torch.cuda.get_device_name(0)
-    # None: no tuned small-M linear tiles for this GPU, its decode GEMMs on cuBLAS (sessions 31-39's H100 rows)
-    return {"device": name, "triton": triton.__version__, "cuda": torch.version.cuda, **env,
-            "linear_tiles": tiles_measured(name)}
 
 
 def main(argv=None) -> int:

@@ -23,7 +23,7 @@ import torch
 import triton.testing
 from torch.nn import functional as F
 
-from ssv.bench.kernels import environment
+from ssv.bench.env import environment
 from ssv.ops.glue.ops import swiglu
 from ssv.ops.linear.naive import linear_naive
 from ssv.ops.linear.ops import linear

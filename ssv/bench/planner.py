@@ -224,7 +224,7 @@ def add_args(p) -> None:
 
 def cmd_bench_planner(args) -> int:
     from ssv.bench.e2e import prompt_ids
-    from ssv.bench.kernels import environment
+    from ssv.bench.env import environment
     from ssv.bench.spec import check_families, load_prompts
     from ssv.cli import load_model
     from ssv.draft import load_drafter

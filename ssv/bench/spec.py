@@ -343,7 +343,7 @@ def _tree_arg(text: str) -> TreeSpec:
 
 
 def cmd_bench_spec(args) -> int:
-    from ssv.bench.kernels import environment
+    from ssv.bench.env import environment
     from ssv.cli import load_model
     from ssv.draft import load_drafter
 

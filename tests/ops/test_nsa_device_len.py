@@ -127,7 +127,7 @@ def test_step_table_recorded_selections_replace_the_routings_output():
     from ssv.attention import VerifyOptions
     from ssv.attention_device import device_plan
     from ssv.bench.e2e_steps import fill_cache, recorded_selections
-    from ssv.bench.kernels import synthetic_selection
+    from ssv.bench.synthetic import synthetic_selection
     from ssv.engine.runner import Runner
     from ..conftest import make_tiny_model
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=4, window=16)
