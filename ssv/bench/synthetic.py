@@ -30,7 +30,8 @@ def eagle_tree(n: int, gen: torch.Generator, max_depth: int = 7):
             depth.append(depth[p] + 1)
             lvl.append(len(parents) - 1)
         levels.append(lvl)
-    from ssv.spec.tree import DraftTree, tree_metadata  # the one place tree masks come from
+    from ssv.spec.flatten import tree_metadata  # the one place tree masks come from
+    from ssv.spec.tree import DraftTree
     tree = DraftTree(torch.zeros(n, dtype=torch.long), torch.tensor(parents), torch.zeros(n))
     meta = tree_metadata(tree, 0)
     return meta.depth, meta.mask

@@ -20,7 +20,8 @@ from ssv.engine.modes import decoding
 from ssv.engine.runner import Runner
 from ssv.spec.accept import SamplingParams, accept_greedy, accept_sample, draw_coins
 from ssv.spec.lookup import attach_chain, context_lookup
-from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, flatten, tree_metadata
+from ssv.spec.flatten import flatten, tree_metadata
+from ssv.spec.tree import ORDERS, DraftTree, TreeSpec
 
 
 @dataclass

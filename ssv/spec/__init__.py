@@ -1,4 +1,5 @@
-"""Speculative decoding: draft trees (tree.py) and lossless acceptance (accept.py)."""
+"""Speculative decoding: draft trees (tree.py), their flattened orders and metadata (flatten.py) and lossless acceptance
+(accept.py)."""
 from ssv.spec.accept import (
     AcceptResult,
     SamplingParams,
@@ -9,7 +10,8 @@ from ssv.spec.accept import (
     sample_from,
     target_probs,
 )
-from ssv.spec.tree import ORDERS, DraftTree, TreeMeta, TreeSpec, build_tree, chain, flatten, tree_metadata
+from ssv.spec.flatten import TreeMeta, flatten, tree_metadata
+from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, build_tree, chain
 
 __all__ = [
     "AcceptResult",

@@ -12,7 +12,8 @@ from ssv.engine.runner import Runner
 from ssv.engine.spec import SpecOptions, generate_spec, verify
 from ssv.model import Transformer
 from ssv.spec.accept import SamplingParams
-from ssv.spec.tree import DraftTree, TreeSpec, flatten, tree_metadata
+from ssv.spec.flatten import flatten, tree_metadata
+from ssv.spec.tree import DraftTree, TreeSpec
 
 NSA = NSAConfig(cmp_block=8, cmp_stride=4, slc_block=16, n_select=3, window=16)
 

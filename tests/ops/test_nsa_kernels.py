@@ -25,8 +25,9 @@ DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float32]
 
 
 def rand_tree(n, gen, chain=False):
-    """(depth, ancestor mask) of a random tree (a chain when chain=True), from ssv.spec.tree."""
-    from ssv.spec.tree import DraftTree, tree_metadata
+    """(depth, ancestor mask) of a random tree (a chain when chain=True), from ssv.spec.flatten."""
+    from ssv.spec.flatten import tree_metadata
+    from ssv.spec.tree import DraftTree
     par = [-1] + [(i - 1 if chain else int(torch.randint(0, i, (1,), generator=gen))) for i in range(1, n)]
     meta = tree_metadata(DraftTree(torch.zeros(n, dtype=torch.long), torch.tensor(par), torch.zeros(n)), 0)
     return meta.depth, meta.mask

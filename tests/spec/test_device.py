@@ -5,7 +5,8 @@ import torch
 from ssv.spec.accept import accept_greedy
 from ssv.spec.device import DeviceTree, ancestor_mask, check_spec, flatten_device, flatten_device_masked, grow_tree
 from ssv.spec.device_accept import accept_greedy_device
-from ssv.spec.tree import DraftTree, TreeSpec, build_tree, flatten, tree_metadata
+from ssv.spec.flatten import flatten, tree_metadata
+from ssv.spec.tree import DraftTree, TreeSpec, build_tree
 
 SPECS = [TreeSpec(1, 1, 2), TreeSpec(3, 2, 7), TreeSpec(4, 3, 12), TreeSpec(6, 8, 48), TreeSpec(5, 4, 61),
          TreeSpec(2, 16, 20)]

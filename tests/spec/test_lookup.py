@@ -197,7 +197,8 @@ def test_the_fixed_shape_chain_accepts_what_the_host_tree_accepts(seed, K, order
     from tests.spec.test_device import _table
     from ssv.ops.accept.naive import accept_greedy_walk_naive
     from ssv.spec.device import ancestor_mask, grow_pool
-    from ssv.spec.tree import build_tree, flatten
+    from ssv.spec.flatten import flatten
+    from ssv.spec.tree import build_tree
     D, k, T = shape
     spec = TreeSpec(D, k, T + K)
     if spec.total_tokens > spec.max_nodes:

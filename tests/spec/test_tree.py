@@ -6,16 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssv.spec.tree import (
-    ORDERS,
-    DraftTree,
-    TreeSpec,
-    build_tree,
-    chain,
-    flatten,
-    top_k_stable,
-    tree_metadata,
-)
+from ssv.spec.flatten import flatten, tree_metadata
+from ssv.spec.tree import ORDERS, DraftTree, TreeSpec, build_tree, chain, top_k_stable
 
 
 def make_tree(tokens, parents, scores=None):
