@@ -18,7 +18,10 @@ import subprocess
 PROSE = ["git-rebase", "git-merge", "git-commit", "git-log", "git-push", "git-branch", "git-reset",
          "git-checkout", "git-fetch", "git-config", "git-diff", "git-stash"]
 CHAT = ["git-bisect", "git-worktree", "git-tag", "git-remote", "git-submodule", "git-cherry-pick",
-        "git-revert", "git-clone", "git-am", "git-blame", "git-status", "git-add"]
+        "git-revert", "git-clone", "git-am", "git-blame", "git-status", "git-add",
+        # session 57: four more documents (--docs 8) for chat's 8K MAL; appended, so the first four are unchanged
+        "git-grep", "git-show", "git-init", "git-rm", "git-restore", "git-switch", "git-gc", "git-notes",
+        "git-describe", "git-pull", "git-apply", "git-sparse-checkout", "git-format-patch", "git-range-diff"]
 
 
 def man_text(page: str) -> str:
