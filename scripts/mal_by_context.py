@@ -21,13 +21,18 @@ def main() -> None:
     cells, off, families = {}, 0, set()
     for path in a.runs:
         rows = [r for r in json.load(open(path))["rows"] if r["mode"] == a.mode and a.family in (None, r["family"])]
-        for r in rows:
-            cells[(r["context"], off + r["doc"])] = (r["tokens"], r["rounds"], r["first_diff_vs_ar"])
+        if not rows:
+            raise SystemExit(f"{path}: no rows of mode {a.mode!r}" + (f" and family {a.family!r}" if a.family else ""))
+        for r in rows:  # a run's repeats add their tokens and rounds
+            t, n, same = cells.get((r["context"], off + r["doc"]), (0, 0, True))
+            cells[(r["context"], off + r["doc"])] = (t + r["tokens"], n + r["rounds"],
+                                                     same and r["first_diff_vs_ar"] is None)
             families.add(r["family"])
         off += 1 + max(r["doc"] for r in rows)
     if len(families) != 1:
         raise SystemExit(f"one family at a time (--family): the runs hold {sorted(families)}")
-    lo, hi = sorted({c for c, _ in cells})[0], sorted({c for c, _ in cells})[-1]
+    contexts = sorted({c for c, _ in cells})
+    lo, hi = contexts[0], contexts[-1]
     docs = sorted({d for _, d in cells})
     if any((c, d) not in cells for c in (lo, hi) for d in docs):
         raise SystemExit("every document needs a row at both contexts")
@@ -45,7 +50,7 @@ def main() -> None:
            "per_doc_ratio": [mal(hi, [d]) / mal(lo, [d]) for d in docs],
            "bootstrap_5_50_95": [boot[len(boot) // 20], boot[len(boot) // 2], boot[-len(boot) // 20]],
            "bootstrap_p_below_minus_10pct": sum(b < -0.10 for b in boot) / len(boot),
-           "all_identical_to_ar": all(v[2] is None for v in cells.values())}
+           "all_identical_to_ar": all(v[2] for v in cells.values())}
     json.dump(res, open(a.out, "w"), indent=1)
     print(f"{'/'.join(res['families'])} {a.mode}: MAL {lo} -> {hi} over {len(docs)} documents "
           f"{res['mal'][str(lo)]:.3f} -> {res['mal'][str(hi)]:.3f} ({100 * res['change']:+.1f}%); per document "
